@@ -7,6 +7,7 @@ TensorFlow)::
     tf_ecrec.ec_model_fn(model_fn, ec)          turn protection on for a model_fn
     tf_ecrec.EmbeddingCollection(name, tables, dim)   protected tables, inside the model_fn
     tf_ecrec.ECOptimizer(optimizer)             updates that keep parity and replicas exact
+    tf_ecrec.ECDeviceFn()                       RunConfig device_fn placing storage per the layout
 
 ``tf_ecrec.ops`` checks on import that the compiled op library matches the
 installed TensorFlow.
@@ -22,6 +23,7 @@ _LAZY = {
     "ec_model_fn": ("tf_ecrec.model_fn", "ec_model_fn"),
     "EmbeddingCollection": ("tf_ecrec.embedding", "EmbeddingCollection"),
     "ECOptimizer": ("tf_ecrec.optimizer", "ECOptimizer"),
+    "ECDeviceFn": ("tf_ecrec.device", "ECDeviceFn"),
 }
 
 __all__ = ["ECConfig", "EcRecError", "__version__", *_LAZY]

@@ -5,8 +5,8 @@ tables are concatenated into one logical table (table ``t`` starts at row
 ``base[t]``), which `tf_ecrec.placement.plan` cuts into chunks and stripes
 over the ``N`` PS tasks.  Each PS ``p`` gets one variable,
 ``ec/<collection>/ps<p>/data``, holding its data chunks one after another
-(local chunk ``i`` at rows ``[i*c, (i+1)*c)``), placed by an explicit device
-scope (the Estimator's stock device function respects an explicit PS task).
+(local chunk ``i`` at rows ``[i*c, (i+1)*c)``), put on PS ``p`` by the
+job's device function (`tf_ecrec.device`).
 Padding rows are zero and never looked up.
 
 The optimizer state of these variables and their parity are created by
@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import placement
+from tf_ecrec.device import check_placed, on_ps
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 
@@ -52,10 +53,6 @@ class ECContext:
 def current_context(graph: tf.Graph | None = None) -> ECContext | None:
     items = (graph or tf.compat.v1.get_default_graph()).get_collection(EC_CONTEXT)
     return items[-1] if items else None
-
-
-def ps_device(task: int) -> str:
-    return f"/job:ps/task:{task}"
 
 
 def device_task(device: str) -> int:
@@ -149,7 +146,7 @@ class EmbeddingCollection:
                 real = np.zeros([rows, 1], dtype=np.float32)
                 for i, c in enumerate(local_chunks):
                     real[i * self.chunk_rows : i * self.chunk_rows + c.real_rows] = 1.0
-                with tf.device(ps_device(p)):
+                with on_ps(p):
                     self.data[p] = tf.compat.v1.get_variable(
                         f"ps{p}/data",
                         shape=[rows, self.dim],
@@ -157,6 +154,7 @@ class EmbeddingCollection:
                         initializer=_masked(init, real),
                         use_resource=True,
                     )
+                check_placed(self.data[p], p, f"the data chunks of collection {name!r}")
         tf.compat.v1.add_to_collection(EC_COLLECTIONS, self)
 
     # ---- lookup ---------------------------------------------------------------------------

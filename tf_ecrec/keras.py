@@ -17,6 +17,7 @@ A Keras model gets protected tables from one layer and one optimizer::
     model = Model()
     model.compile(optimizer=tf_ecrec.keras.ECKerasOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05)),
                   loss=...)
+    run_config = tf.estimator.RunConfig(device_fn=tf_ecrec.ECDeviceFn(), ...)  # places tables per the layout
     estimator = tf.keras.estimator.model_to_estimator(model, config=run_config, checkpoint_format="saver")
 
 `ECEmbeddings` builds one `tf_ecrec.EmbeddingCollection` for all its tables
@@ -30,7 +31,10 @@ it is built in the Estimator's graph, never eagerly: use it in a subclassed
 model with ``get_config``, which model_to_estimator builds only in the
 Estimator's graphs (a functional model is built eagerly when it is defined,
 and model_to_estimator would also warm-start its tables from a first
-checkpoint after their parity was computed).  ``checkpoint_format="saver"``
+checkpoint after their parity was computed).  The RunConfig's
+``device_fn=tf_ecrec.ECDeviceFn()`` puts data chunks, parity, slots and
+replicas on the PS tasks the layout names (the layer refuses to build
+otherwise: `tf_ecrec.device`).  ``checkpoint_format="saver"``
 makes the Estimator's checkpoints hold every variable, parity, replicas and
 slots included (the object-based format saves only what Keras tracks).
 

@@ -4,7 +4,10 @@
         model_fn=tf_ecrec.ec_model_fn(model_fn, tf_ecrec.ECConfig(k=2, r=1)), config=run_config)
 
 Inside the wrapped model_fn, `tf_ecrec.EmbeddingCollection` tables and
-`tf_ecrec.ECOptimizer` pick up the code and the PS count of the RunConfig.
+`tf_ecrec.ECOptimizer` pick up the code and the PS count of the RunConfig,
+and their storage is placed per the layout (`tf_ecrec.device`), whichever
+device function the RunConfig has; ``RunConfig(device_fn=tf_ecrec.ECDeviceFn())``
+places the rest of the graph by the same rules.
 After the user's model_fn returns, the wrapper checks (training mode) that
 every protected table is updated by an `ECOptimizer`: a table updated by a
 plain optimizer would silently lose its parity, so that is an error.
@@ -18,6 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.device import layout_placement
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
 from tf_ecrec.errors import ConfigError
@@ -51,7 +55,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
         tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ec, num_ps))
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
-        spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
+        with tf.compat.v1.device(layout_placement):
+            spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
             plan = RecoveryPlan(optimizer, recovery_listener)

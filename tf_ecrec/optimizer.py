@@ -49,7 +49,8 @@ import tensorflow as tf
 from tf_ecrec import codec, failpoints, steplog
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task, ps_device
+from tf_ecrec.device import on_ps, ps_device
+from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 
 _LOG = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def _log(self, ps: int) -> tf.Tensor:
         if ps not in self.logs:
-            with tf.device(ps_device(ps)):
+            with on_ps(ps):
                 self.logs[ps] = ec_ops.delta_log(name=f"ec_delta_log_ps{ps}")
         return self.logs[ps]
 
@@ -294,7 +295,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
     def _slots_for(self, var: tf.Variable) -> list[tf.Variable]:
         if var.op.name not in self._slot_vars:
             slots = []
-            with tf.device(var.device):
+            with on_ps(device_task(var.device)):
                 for slot_name, initial in self.rule.slots:
                     slots.append(
                         tf.compat.v1.Variable(
@@ -327,7 +328,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         for q, chunks in coll.parity_chunks_on.items():
             if not chunks:
                 continue
-            with tf.device(ps_device(q)):
+            with on_ps(q):
                 parts = []
                 for pc in chunks:
                     stripe = coll.table_layout.stripes[pc.stripe]
@@ -418,7 +419,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         replicas = []
         for j in range(self._ec.r):
             q = (primary + 1 + j) % num_ps
-            with tf.device(ps_device(q)):
+            with on_ps(q):
                 replicas.append(
                     tf.compat.v1.Variable(
                         bits,
@@ -441,7 +442,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             primary = device_task(global_step.device)
             replicas = []
             for j in range(self._ec.r):
-                with tf.device(ps_device((primary + 1 + j) % num_ps)):
+                with on_ps((primary + 1 + j) % num_ps):
                     replicas.append(
                         tf.compat.v1.Variable(
                             global_step.initial_value,

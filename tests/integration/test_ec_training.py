@@ -58,7 +58,7 @@ OPTIMIZERS = {
 def _build(cluster, ec, num_ps, optimizer):
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(
-        tf.compat.v1.train.replica_device_setter(ps_tasks=num_ps, cluster=cluster["spec"])
+        tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:worker")
     ):
         tf.compat.v1.set_random_seed(7)
         step = tf.compat.v1.train.get_or_create_global_step()
@@ -141,7 +141,7 @@ def test_unsupported_optimizer_is_named():
 
 def test_lookup_returns_the_rows_of_each_table(cluster):
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=3, worker_device="/job:worker")):
         coll = tf_ecrec.EmbeddingCollection(
             "look", [("a", 50), ("b", 7)], 3, ec=tf_ecrec.ECConfig(2, 1), num_ps=3,
             initializer=lambda shape, dtype=tf.float32: tf.reshape(

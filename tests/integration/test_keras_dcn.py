@@ -21,6 +21,7 @@ from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, StaticShards, make_dataset, with_data_accounting
 from tf_ecrec.data.synthetic import SyntheticCriteo
 from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.device import ECDeviceFn
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
@@ -44,9 +45,12 @@ SMALL = {"table_sizes": [300] * 26, "embedding_dim": 4, "cross_layers": 2, "proj
 BATCH = 64
 
 
-def _run_config(cluster, model_dir):
+def _run_config(cluster, model_dir, device_fn=False):
     with tf_config_env(cluster.config("chief")):
-        return tf.estimator.RunConfig(model_dir=str(model_dir), tf_random_seed=3, log_step_count_steps=10**6)
+        return tf.estimator.RunConfig(
+            model_dir=str(model_dir), tf_random_seed=3, log_step_count_steps=10**6,
+            device_fn=ECDeviceFn() if device_fn else None,
+        )
 
 
 def _input_fn(params):
@@ -140,7 +144,7 @@ def test_a_compiled_model_converted_once_trains_through_an_ec_optimizer_in_every
     model = dcn.keras_model(params, num_ps=3)
     assert isinstance(model.optimizer.optimizer, ECKerasOptimizer)  # inside Keras' TFOptimizer
     estimator = tf.keras.estimator.model_to_estimator(
-        keras_model=model, config=_run_config(cluster, tmp_path), checkpoint_format="saver"
+        keras_model=model, config=_run_config(cluster, tmp_path, device_fn=True), checkpoint_format="saver"
     )
     for steps in (3, 7):
         values, manifest, runs = _train(cluster, estimator, params, steps, tmp_path)
@@ -204,7 +208,7 @@ def test_layer_takes_the_ps_count_from_ec_model_fn_then_tf_config():
     four_ps = ClusterConfig(
         {"chief": ("127.0.0.1:2000",), "ps": tuple(f"127.0.0.1:{3000 + i}" for i in range(4))}, "chief", 0
     )
-    with tf.Graph().as_default(), tf_config_env(four_ps):
+    with tf.Graph().as_default(), tf_config_env(four_ps), tf.compat.v1.device(ECDeviceFn()):
         from_env = ECEmbeddings(TABLES, 4, ec=ECConfig(2, 1), name="env")
         from_env(tf.compat.v1.placeholder(tf.int64, [None, 2]))
         tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ECConfig(1, 2), 3))
@@ -215,7 +219,7 @@ def test_layer_takes_the_ps_count_from_ec_model_fn_then_tf_config():
 
 
 def test_layer_weights_are_the_ps_variables_and_get_sparse_gradients():
-    with tf.Graph().as_default():
+    with tf.Graph().as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=3)):
         layer = ECEmbeddings(TABLES, 4, ec="2+1", num_ps=3, name="emb")
         ids = tf.constant([[0, 6], [39, 0]], tf.int64)
         rows = layer(ids)

@@ -23,7 +23,7 @@ from test_ec_training import cluster  # noqa: F401  (the module-wide in-process 
 def _build(cluster, optimizer="adagrad", k=2, r=1, num_ps=3):  # noqa: F811
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(
-        tf.compat.v1.train.replica_device_setter(ps_tasks=num_ps, cluster=cluster["spec"])
+        tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:worker")
     ):
         tf.compat.v1.set_random_seed(3)
         step = tf.compat.v1.train.get_or_create_global_step()

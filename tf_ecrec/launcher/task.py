@@ -146,6 +146,10 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
             log_step_count_steps=1000,
             **job.checkpoint_interval,
         )
+    if job.fault_tolerance == "ecrec":
+        from tf_ecrec.device import ECDeviceFn
+
+        run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
     hooks: list[Any] = [
         ThroughputHook(
             cluster.task,

@@ -1,0 +1,176 @@
+"""`ECDeviceFn`: the device function of an erasure-coded job.
+
+    config = tf.estimator.RunConfig(device_fn=tf_ecrec.ECDeviceFn())
+
+It decides where every op of the training graph runs:
+
+1. Storage of the protection, declared by tf_ecrec with `on_ps` while it
+   builds it (data chunks of a table, parity chunks, optimizer slots, dense
+   replicas, global-step replicas, delta logs), goes to the PS task the
+   layout (`tf_ecrec.placement`) names, whatever device scope the user's
+   code has around it: rebuilding a lost PS decodes exactly what the layout
+   says it held, so the layout cannot be overridden.
+2. An op the code pins to a job with `tf.device` keeps that device (ops
+   that update a variable are pinned next to it).
+3. Any other variable (dense weights, the global step) goes to a PS task in
+   round robin, in creation order within each graph, as TensorFlow's stock
+   `replica_device_setter` places them; tf_ecrec then puts its ``r``
+   replicas on the next ``r`` PS tasks.
+4. Everything else runs on the task's own device (``/job:worker/task:i``,
+   or ``/job:chief/task:0``).
+
+The PS count and this task's device come from ``TF_CONFIG`` when it is
+constructed (as RunConfig reads it), unless given; every task of a job must see the same PS count (they build the
+same graph, and round robin depends only on creation order).
+
+`tf_ecrec.ec_model_fn` also applies rule 1 inside the model_fn, so a job
+whose RunConfig keeps the stock device function (or a device function of
+its own) still places the protection per the layout; `ECDeviceFn` in the
+RunConfig extends the same placement to the whole graph (global step, input
+pipeline) in one function.  Tables built outside both check where their
+variables landed and raise `ConfigError` when not on the layout's PS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from tf_ecrec.errors import ConfigError
+
+# Op types that create variables (placed on the PS like TensorFlow's stock setter does).
+VARIABLE_OPS = frozenset(
+    {"Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable", "MutableHashTable", "MutableHashTableV2",
+     "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable", "MutableDenseHashTableV2"}
+)
+
+_requests = threading.local()
+
+
+def ps_device(task: int) -> str:
+    return f"/job:ps/task:{task}"
+
+
+@contextlib.contextmanager
+def on_ps(task: int) -> Iterator[None]:
+    """Ops built inside are storage of the protection that the layout puts on PS `task`.
+
+    Inside an `ECDeviceFn` (or `ec_model_fn`), they get ``/job:ps/task:<task>``.
+    """
+    stack = _request_stack()
+    stack.append(int(task))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def requested_task() -> int | None:
+    """The PS task `on_ps` asks for at this point of graph construction, if any."""
+    stack = _request_stack()
+    return stack[-1] if stack else None
+
+
+def _request_stack() -> list[int]:
+    if not hasattr(_requests, "stack"):
+        _requests.stack = []
+    return _requests.stack
+
+
+def layout_placement(op: Any) -> str:
+    """Device function of rule 1 only: places the protection's storage, leaves other ops as they are."""
+    task = requested_task()
+    if task is None:
+        return op.device
+    return _merged(ps_device(task), op.device)
+
+
+class ECDeviceFn:
+    """The device function of an erasure-coded job (see the module doc for its rules).
+
+    Args:
+      num_ps: PS tasks of the job; default: from TF_CONFIG.
+      worker_device: this task's device for non-variable ops, such as
+        "/job:worker/task:1"; default: from TF_CONFIG (none without
+        TF_CONFIG: ops stay where the code puts them).
+    """
+
+    def __init__(self, num_ps: int | None = None, worker_device: str | None = None) -> None:
+        if num_ps is None or worker_device is None:
+            from tf_ecrec.config import ClusterConfig
+
+            cluster = ClusterConfig.from_environment() if os.environ.get("TF_CONFIG") else None
+            if num_ps is None:
+                num_ps = cluster.num_ps if cluster is not None else 0
+            if worker_device is None and cluster is not None:
+                worker_device = f"/job:{cluster.task_type}/task:{cluster.task_index}"
+        self.num_ps = int(num_ps)
+        self.worker_device = worker_device
+        # Round robin restarts with every graph: a graph rebuilt in the same process (a new
+        # train() call, a failover) places its variables as every other task's graph does.
+        self._next_ps: weakref.WeakKeyDictionary[tf.Graph, int] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_run_config(cls, config: tf.estimator.RunConfig) -> ECDeviceFn:
+        """The device function of the task a RunConfig describes."""
+        worker = f"/job:{config.task_type}/task:{int(config.task_id or 0)}" if config.task_type else None
+        return cls(num_ps=int(config.num_ps_replicas or 0), worker_device=worker)
+
+    def __call__(self, op: Any) -> str:
+        task = requested_task()
+        if task is not None:
+            if not 0 <= task < self.num_ps:
+                raise ConfigError(
+                    f"the layout puts {op.name!r} on PS task {task}, but the job has {self.num_ps} PS tasks "
+                    "(every task must see the same PS count); source: ECDeviceFn / TF_CONFIG"
+                )
+            return _merged(ps_device(task), op.device)
+        current = tf.DeviceSpec.from_string(op.device or "")
+        if current.job is not None:
+            return op.device
+        if op.type in VARIABLE_OPS and self.num_ps > 0:
+            with self._lock:
+                task = self._next_ps.get(op.graph, 0)
+                self._next_ps[op.graph] = (task + 1) % self.num_ps
+            return _merged(ps_device(task), op.device)
+        if self.worker_device:
+            return _merged(self.worker_device, op.device)
+        return op.device
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ECDeviceFn:
+        # Estimators deep-copy their RunConfig (model_to_estimator does): a copy places as a new one would.
+        return ECDeviceFn(num_ps=self.num_ps, worker_device=self.worker_device)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ECDeviceFn, (self.num_ps, self.worker_device)
+
+    def __repr__(self) -> str:
+        return f"ECDeviceFn(num_ps={self.num_ps}, worker_device={self.worker_device!r})"
+
+
+def _merged(base: str, current: str) -> str:
+    """`base` with the fields `current` sets (a device type or index the code chose) on top."""
+    spec = tf.DeviceSpec.from_string(base)
+    now = tf.DeviceSpec.from_string(current or "")
+    # The job and task come from `base`; a device type/index chosen by the code stays.
+    now = now.replace(job=None, replica=None, task=None)
+    return spec.make_merged_spec(now).to_string()
+
+
+def check_placed(variable: tf.Variable, task: int, what: str) -> None:
+    """Raises ConfigError when `variable` is not on PS `task`, where the layout puts it."""
+    spec = tf.DeviceSpec.from_string(variable.device or "")
+    if spec.job == "ps" and spec.task == task:
+        return
+    raise ConfigError(
+        f"{what} {variable.op.name!r} landed on {variable.device or 'no device'!r}, but the layout puts it on "
+        f"{ps_device(task)}: build it under tf_ecrec.ECDeviceFn (RunConfig(device_fn=tf_ecrec.ECDeviceFn())) or "
+        "inside a model_fn wrapped with tf_ecrec.ec_model_fn; source: device placement"
+    )
