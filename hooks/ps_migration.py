@@ -1,8 +1,9 @@
 """Stopping the session cleanly when the parameter servers change.
 
 :class:`PsMigrationHook` learns about PS changes off the training thread,
-either by polling the master's ``ps_version`` or from a membership watch,
-and acts on them only between steps::
+by polling the master's ``ps_version``, by polling a cluster source
+(`tf_ecrec.failover.ClusterSource`) for the PS addresses, or from a
+membership watch, and acts on them only between steps::
 
     __init__     validate; remember the PS version the session was built for
     begin        start the poller thread (or subscribe to the watch)
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -42,25 +43,36 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
     Args:
       client: A :class:`MasterClient` to poll (``ps_version``); or
       membership: a :class:`MembershipBackend` to watch (the PS members'
-        addresses).  Exactly one of the two.
+        addresses); or
+      source: a `tf_ecrec.failover.ClusterSource` to poll: a change is
+        every PS task alive at addresses other than ``expected_ps`` (a PS
+        that is down is not a change yet; one back at its old address is
+        none).  Exactly one of the three.
       expected_version: The ``ps_version`` the session was built for
         (client mode only).
+      expected_ps: The PS addresses the session was built for (source mode,
+        required).
       poll_secs: Seconds between polls (client mode).
       warn_every_secs: Minimum seconds between "master unreachable" warnings.
     """
 
     def __init__(self, client: Optional[MasterClient] = None, *,
                  membership: Optional[MembershipBackend] = None,
+                 source: Any = None, expected_ps: Optional[Sequence[str]] = None,
                  expected_version: Optional[int] = None, poll_secs: float = 1.0,
                  warn_every_secs: float = 30.0) -> None:
-        if (client is None) == (membership is None):
-            raise ConfigError("PsMigrationHook needs exactly one of client= or membership=")
+        if sum(x is not None for x in (client, membership, source)) != 1:
+            raise ConfigError("PsMigrationHook needs exactly one of client=, membership= or source=")
+        if (source is None) != (expected_ps is None):
+            raise ConfigError("PsMigrationHook source= needs expected_ps= (the PS addresses the session uses)")
         if poll_secs <= 0:
             raise ConfigError(f"PsMigrationHook poll_secs={poll_secs}; rule: > 0")
         if membership is not None and expected_version is not None:
             raise ConfigError("PsMigrationHook expected_version applies to client= only")
         self._client = client
         self._membership = membership
+        self._source = source
+        self._expected_ps = list(expected_ps) if expected_ps is not None else None
         self._baseline = expected_version
         self._poll_secs = poll_secs
         self._unreachable = RateLimitedLogger(_LOG, warn_every_secs)
@@ -81,7 +93,8 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
         if self._membership is not None:
             self._unsubscribe = self._membership.watch(self._on_event)
         else:
-            self._thread = threading.Thread(target=self._poll, daemon=True,
+            poll = self._poll_source if self._source is not None else self._poll
+            self._thread = threading.Thread(target=poll, daemon=True,
                                             name="tf-ecrec-ps-migration-poller")
             self._thread.start()
 
@@ -128,6 +141,19 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
                 self._unreachable.warning("PS version not polled: %s", exc)
             if self._changed.is_set():
                 return
+            self._stop.wait(self._poll_secs)
+
+    def _poll_source(self) -> None:
+        while not self._stop.is_set():
+            try:
+                now = self._source.ps_addresses()
+            except EcRecError as exc:
+                self._unreachable.warning("PS addresses not polled: %s", exc)
+            else:
+                if all(now) and list(now) != self._expected_ps:
+                    _LOG.info("PS tasks moved from %s to %s", self._expected_ps, now)
+                    self._changed.set()
+                    return
             self._stop.wait(self._poll_secs)
 
     def _saw(self, ps_version: int) -> None:

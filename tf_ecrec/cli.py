@@ -61,6 +61,20 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="SIGKILL TASK (ps:I, worker:I, chief:0, master) at global step N and restart it; repeatable",
     )
     p.add_argument("--restart-delay", type=float, default=2.0, help="seconds between a kill and the restart")
+    p.add_argument(
+        "--restart-at",
+        default="same",
+        choices=("same", "new-port"),
+        help="where a killed or crashed PS comes back: its old address, or a new port that every trainer "
+        "follows by rebuilding TF_CONFIG, RunConfig, Estimator and session in process",
+    )
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        help="seconds any one session call (create, step, checkpoint save) may take; bounds the wait of a "
+        "session built for a PS address that is gone",
+    )
     p.add_argument("--report", default=None, help="report path (default MODEL_DIR/report.json)")
     p.add_argument("--optimizer", default="adagrad", choices=("adagrad", "sgd", "adam", "ftrl"))
     p.add_argument("--learning-rate", type=float, default=0.05)
@@ -124,6 +138,8 @@ def _run(args: argparse.Namespace) -> int:
         on_corrupt=args.on_corrupt,
         shard_batches=args.shard_batches,
         restart_delay=args.restart_delay,
+        restart_at=args.restart_at,
+        session_timeout=args.session_timeout,
         base_port=args.base_port,
         master=args.master,
         master_address=args.master_address,

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,10 +87,18 @@ def read_variables(
                 dtype = tf.as_dtype(r["dtype"])
                 handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=r["shape"], shared_name=r["name"], container="")
                 reads[r["name"]] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
-    config = tf.compat.v1.ConfigProto(
-        device_filters=["/job:ps"], operation_timeout_in_ms=int(timeout_secs * 1000)
-    )
-    target = "grpc://" + ps_addresses[0]
+    # The reader's own server, and the PS addresses carried by the session (ClusterSpec
+    # propagation, state shared with the trainers): the PS tasks' own cluster specs may name a
+    # PS at an address it has left (--restart-at new-port).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    server = tf.distribute.Server(tf.train.ClusterSpec({"localhost": [address]}), job_name="localhost", task_index=0)
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=int(timeout_secs * 1000))
+    config.cluster_def.CopyFrom(tf.train.ClusterSpec({"ps": list(ps_addresses), "reader": [address]}).as_cluster_def())
+    config.experimental.share_session_state_in_clusterspec_propagation = True
+    config.rpc_options.use_rpc_for_inprocess_master = True
+    target = server.target
     try:
         with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
             values = sess.run(reads)

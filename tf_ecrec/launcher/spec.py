@@ -18,6 +18,7 @@ from tf_ecrec.errors import ConfigError
 
 MODELS = ("dlrm", "dcn")
 FAULT_TOLERANCE = ("none", "checkpoint", "ecrec")
+RESTART_AT = ("same", "new-port")
 OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
 _KILL = re.compile(r"^(?:(?P<type>ps|worker|chief):(?P<index>\d+)|(?P<master>master))@step=(?P<step>\d+)$")
 _ADD_WORKER = re.compile(r"^step=(?P<step>\d+)$")
@@ -84,6 +85,11 @@ class JobSpec:
       one (then ``--kill master`` is not possible).
     - ``zk``: membership and failure detection through ZooKeeper instead of
       heartbeats to the master.
+    - PS restarts (``--kill ps:I``, crashes): at the same address, or with
+      ``restart_at="new-port"`` at a fresh port, which every trainer learns
+      (the launcher's cluster file, ``<model_dir>/cluster.json``) and follows
+      by rebuilding TF_CONFIG, RunConfig, Estimator and session in process
+      (`tf_ecrec.failover`); ``session_timeout`` bounds every session call.
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -118,6 +124,8 @@ class JobSpec:
     on_corrupt: str = "skip"
     shard_batches: int = 8
     restart_delay: float = 2.0
+    restart_at: str = "same"
+    session_timeout: float = 10.0
     base_port: int = 0
     master: bool = True
     master_address: str | None = None
@@ -154,6 +162,12 @@ class JobSpec:
         _check(self.on_corrupt in ("skip", "fail"), f"--on-corrupt {self.on_corrupt!r} must be skip or fail", "--on-corrupt")
         _check(self.shard_batches >= 1, f"--shard-batches {self.shard_batches} must be >= 1", "--shard-batches")
         _check(self.restart_delay >= 0, f"--restart-delay {self.restart_delay} must be >= 0", "--restart-delay")
+        _check(
+            self.restart_at in RESTART_AT,
+            f"--restart-at {self.restart_at!r} is not one of {RESTART_AT}",
+            "--restart-at",
+        )
+        _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
         _check(
             self.fault_tolerance in FAULT_TOLERANCE,

@@ -70,6 +70,7 @@ from typing import Any, TextIO
 
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
+from tf_ecrec.failover import ENV_CLUSTER_FILE, write_cluster_file
 from tf_ecrec.launcher.child import command as child_command
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token, read_token
 from tf_ecrec.launcher.report import Event, build_report, plot_throughput
@@ -173,6 +174,8 @@ class Supervisor:
         self._failures: list[dict[str, Any]] = []  # per kill/loss: records in flight when it hit
         self._removed: set[str] = set()
         self._data_seen: tuple[float, Any] = (0.0, None)
+        # The cluster trainers follow (tf_ecrec.failover): rewritten when a PS moves (--restart-at new-port).
+        self._cluster_file = os.path.join(job.model_dir, "cluster.json")
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -189,6 +192,7 @@ class Supervisor:
         job_path = os.path.join(job.model_dir, "job.json")
         with open(job_path, "w", encoding="utf-8") as fh:
             json.dump(job.to_json(), fh, indent=1)
+        write_cluster_file(self._cluster_file, cluster)
         self._receiver = StatusReceiver()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         data_state = None
@@ -255,6 +259,7 @@ class Supervisor:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(task.cluster.to_tf_config())
         env[ENV_STATUS_ADDRESS] = self._receiver.address
+        env[ENV_CLUSTER_FILE] = self._cluster_file
         if self._watch is not None:
             env.update(master_environment(self._watch.address, self._token))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -368,6 +373,9 @@ class Supervisor:
                 f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
             )
             return True
+        if kind == "failover":
+            self._event("failover", task, None, t=t, state=msg.get("state"), reason=msg.get("reason"))
+            return True
         if kind == "error":
             self._errors.append(f"{task} failed: {msg.get('error')}")
         return False
@@ -424,6 +432,8 @@ class Supervisor:
             if k.killed_at is None and self._global_step >= k.spec.step and task.killable:
                 self._kill(task, k, f"killed by --kill {k.spec}")
             if k.restart_at is not None and task.state == "killed" and now >= k.restart_at:
+                if task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
+                    self._move(task)
                 self._start(task, os.path.join(self.job.model_dir, "job.json"), kind="restart")
                 self._print(f"restarted {task.name} at {task.cluster.address}")
 
@@ -437,9 +447,31 @@ class Supervisor:
         k.restart_at = k.killed_at + self.job.restart_delay
         self._event("kill", task.name, self._global_step)
         self._print(f"killed {task.name} at global step {self._global_step}")
+        if task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
+            self._write_cluster_file(down=task.name)
         if self._watch is not None:
             self._note_failure(task.name)
             self._watch_report(task.name, reason)
+
+    def _move(self, task: _Task) -> None:
+        """Gives a PS about to restart a fresh port; every task's cluster and the cluster file follow."""
+        old = task.cluster.address
+        host = old.rsplit(":", 1)[0]
+        address = f"{host}:{pick_ports(1, 0, host)[0]}"
+        for other in self._tasks.values():
+            other.cluster = other.cluster.replace_address(task.cluster.task_type, task.cluster.task_index, address)
+        self._write_cluster_file()
+        self._event("move", task.name, self._global_step, old=old, new=address)
+        self._print(f"{task.name} moves from {old} to {address}")
+
+    def _write_cluster_file(self, down: str | None = None) -> None:
+        """The cluster every trainer follows (tf_ecrec.failover.FileClusterSource); `down` listed without address."""
+        any_task = next(iter(self._tasks.values()))
+        cluster = {k: list(v) for k, v in any_task.cluster.cluster.items()}
+        if down is not None:
+            task_type, index = down.split(":")
+            cluster[task_type][int(index)] = ""
+        write_cluster_file(self._cluster_file, cluster)
 
     def _crashed(self, task: _Task, signum: int) -> None:
         """A task died from a signal (the OOM killer, a failpoint): restart it, as a pod restart would."""
@@ -449,6 +481,8 @@ class Supervisor:
         pending.killed_at, pending.killed_at_step = time.time(), self._global_step
         pending.restart_at = pending.killed_at + self.job.restart_delay
         self._event("crash", task.name, self._global_step, signal=signum)
+        if task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
+            self._write_cluster_file(down=task.name)
         self._print(f"{task.name} died from signal {signum} at global step {self._global_step}: restarting it")
         if self._watch is not None:
             self._note_failure(task.name)

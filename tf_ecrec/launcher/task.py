@@ -27,7 +27,8 @@ from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import DataError, EcRecError
 from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
-from tf_ecrec.launcher.task_link import TaskLink
+from tf_ecrec.launcher.task_link import ENV_MASTER_ADDRESS, TaskLink
+from tf_ecrec.failover import ENV_CLUSTER_FILE
 
 _LOG = logging.getLogger(__name__)
 
@@ -85,6 +86,34 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
     return listener
 
 
+def cluster_source(cluster: ClusterConfig, link: TaskLink | None) -> Any:
+    """Where a trainer learns the PS addresses: the launcher's cluster file, else the job master, else nowhere.
+
+    With a source, the trainer runs under the failover loop (`tf_ecrec.failover`).
+    """
+    from tf_ecrec.failover import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
+
+    if cluster.task_type == "ps":
+        return None
+    path = os.environ.get(ENV_CLUSTER_FILE)
+    if path:
+        return FileClusterSource(path, cluster.num_ps)
+    if link is not None:
+        return MasterClusterSource(link.client, cluster.num_ps)
+    return None
+
+
+def _report_failover(cluster: ClusterConfig) -> Any:
+    address = os.environ.get(ENV_STATUS_ADDRESS)
+    sender = StatusSender(address, cluster.task) if address else None
+
+    def on_transition(state: Any, reason: str) -> None:
+        if sender is not None and state.value in ("wait", "build"):
+            sender.send("failover", state=state.value, reason=reason)
+
+    return on_transition
+
+
 def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) -> None:
     """Trains the job's model as this worker.
 
@@ -138,18 +167,6 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
         model_fn = with_step_keyed_data(model_fn, source, job.batch_size, params["table_sizes"])
         input_fn = step_keyed_input_fn  # noqa: F811
 
-    with tf_config_env(cluster):
-        run_config = tf.estimator.RunConfig(
-            model_dir=job.model_dir,
-            tf_random_seed=job.seed,
-            keep_checkpoint_max=3,
-            log_step_count_steps=1000,
-            **job.checkpoint_interval,
-        )
-    if job.fault_tolerance == "ecrec":
-        from tf_ecrec.device import ECDeviceFn
-
-        run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
     hooks: list[Any] = [
         ThroughputHook(
             cluster.task,
@@ -161,11 +178,34 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
     if cluster.is_chief:
         hooks.append(VariableManifestHook(os.path.join(job.model_dir, MANIFEST_FILE), ps=list(cluster.ps_addresses)))
     hooks += link.hooks() if link is not None else []
-    estimator = tf.estimator.Estimator(
-        model_fn=model_fn, params=params, config=run_config
-    )
+
+    def build(at: ClusterConfig, session_config: Any = None) -> Any:
+        with tf_config_env(at):
+            run_config = tf.estimator.RunConfig(
+                model_dir=job.model_dir,
+                tf_random_seed=job.seed,
+                keep_checkpoint_max=3,
+                log_step_count_steps=1000,
+                session_config=session_config,
+                **job.checkpoint_interval,
+            )
+        if job.fault_tolerance == "ecrec":
+            from tf_ecrec.device import ECDeviceFn
+
+            run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
+        return tf.estimator.Estimator(model_fn=model_fn, params=params, config=run_config)
+
+    ps_source = cluster_source(cluster, link)
+    if ps_source is None:
+        runner: Any = build(cluster)
+    else:
+        from tf_ecrec.failover import FailoverLoop
+
+        runner = FailoverLoop(
+            cluster, build, ps_source, session_timeout_secs=job.session_timeout, on_transition=_report_failover(cluster)
+        )
     try:
-        estimator.train(
+        runner.train(
             lambda: input_fn(),
             max_steps=None if link is not None else job.steps,  # with a master: until the data is finished
             hooks=hooks,
@@ -192,7 +232,13 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         # Every process that executes our ops needs their kernels registered:
         # the PS tasks run the delta and parity ops of the training graph.
         import tf_ecrec.ops  # noqa: F401
-    server = start_server(cluster)
+    if cluster.task_type != "ps" and (os.environ.get(ENV_CLUSTER_FILE) or os.environ.get(ENV_MASTER_ADDRESS)):
+        # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.failover).
+        from tf_ecrec import failover
+
+        server = failover.start_server(cluster)
+    else:
+        server = start_server(cluster)
     link = TaskLink.connect(job, cluster)  # None without a job master
     if cluster.task_type == "ps":
         _LOG.info("%s serving at %s", cluster.task, cluster.address)
