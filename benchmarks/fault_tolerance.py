@@ -8,6 +8,7 @@ configuration of the table.
 
     python benchmarks/fault_tolerance.py throughput --configs none,ckpt-100,ckpt-500
     python benchmarks/fault_tolerance.py recovery --configs ckpt-100,ckpt-500 --kill ps:1@step=1200
+    python benchmarks/fault_tolerance.py recovery --configs ckpt-100-moved,ecrec-2+1-moved --kill ps:1@step=800
 
 Prints a Markdown table and writes the raw reports to ``--out``.
 """
@@ -30,6 +31,9 @@ PRESETS = {
     "ckpt-30s": ["--fault-tolerance", "checkpoint", "--checkpoint-secs", "30"],
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
+    # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.failover).
+    "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
+    "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
 }
 
 

@@ -85,6 +85,7 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
         self._unsubscribe: Optional[Callable[[], None]] = None
         self._stop_requested = False
         self.migration: Optional[Tuple[int, int]] = None
+        self.steps_seen = 0  # steps completed under this hook (the failover loop's progress signal)
 
     # --- hook contract -----------------------------------------------------------
 
@@ -99,6 +100,7 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
             self._thread.start()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
+        self.steps_seen += 1
         if not self._changed.is_set() or self._stop_requested:
             return
         with self._lock:

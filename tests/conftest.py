@@ -29,6 +29,30 @@ def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | No
     )
 
 
+def run_in_fresh_process(target: str, timeout: float = 600) -> None:
+    """Calls ``target`` ("module:function", importable from tests/) in a new interpreter.
+
+    For tests of what TensorFlow fixes at a process's first session, such as
+    the size of the intra-op thread pool. The child imports the same
+    ``tf_ecrec`` as this process and runs with ``TF_OVERRIDE_GLOBAL_THREADPOOL``
+    set, so that every session gets the intra-op threads its config asks for.
+    """
+    import tf_ecrec  # pylint: disable=import-outside-toplevel
+
+    module, function = target.split(":")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_ecrec.__file__)))
+    path = os.pathsep.join(p for p in (os.path.join(REPO, "tests"), package_root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_OVERRIDE_GLOBAL_THREADPOOL": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {module}; {module}.{function}()"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert result.returncode == 0, f"{target} failed:\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
+
+
 @pytest.fixture
 def criteo_sample() -> str:
     return os.path.join(REPO, "estimator_examples", "data", "criteo_sample.tsv")

@@ -33,7 +33,8 @@ The loop, `FailoverLoop.train`, is a state machine with bounded waits
     WAIT   poll the source until every PS task is alive, at
            most `wait_secs` (else RecoveryError naming the missing PS);
            take the addresses it reports (moved or not)      -> BUILD
-           more than `max_failovers` WAITs in one train()   -> RecoveryError
+           more than `max_failovers` WAITs in a row with no
+           step completed between them                      -> RecoveryError
     DONE   return
 
 The rebuild of the lost PS's variables is not this module's: the chief's
@@ -199,7 +200,9 @@ class FailoverLoop:
       source: where the PS tasks are now.
       session_timeout_secs: operation timeout of the sessions.
       wait_secs: how long WAIT waits for every PS task to be alive.
-      max_failovers: WAITs allowed in one `train` call.
+      max_failovers: WAITs allowed in a row without a completed step
+        between them (a job that keeps training may fail over any number
+        of times; one that never gets a step done gives up).
       poll_secs: how often WAIT and the migration hook read the source.
       on_transition: called with (state, reason) on every transition (reports, tests).
     """
@@ -270,19 +273,22 @@ class FailoverLoop:
                     self.estimator.train(input_fn, max_steps=max_steps, hooks=[*hooks, migration],
                                          saving_listeners=saving_listeners)
                 except session_errors as exc:
+                    if migration.steps_seen:
+                        failovers = 0
                     first = (exc.message or "").strip().splitlines()[0] if exc.message else ""
                     state = self._enter(State.WAIT, f"session failed: {type(exc).__name__}: {first[:200]}")
                     continue
                 if migration.migration is None:
                     self._enter(State.DONE, "training ended")
                     return
+                failovers = 0
                 state = self._enter(State.WAIT, "the migration hook saw the PS tasks move")
             elif state is State.WAIT:
                 failovers += 1
                 if failovers > self._max_failovers:
                     raise RecoveryError(
-                        f"{self.cluster.task}: {failovers - 1} failovers in one training run, more than "
-                        f"max_failovers = {self._max_failovers}; the cluster keeps failing; source: FailoverLoop"
+                        f"{self.cluster.task}: {failovers - 1} failovers in a row without a completed step, more "
+                        f"than max_failovers = {self._max_failovers}; the cluster keeps failing; source: FailoverLoop"
                     )
                 addresses = self._wait_for_ps()
                 if addresses != list(self.cluster.ps_addresses):

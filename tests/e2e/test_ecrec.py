@@ -73,3 +73,29 @@ def test_deterministic_runs_with_a_ps_killed_end_with_the_same_bytes_for_every_p
         assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
         assert report["variables_sha256"] == reference["variables_sha256"], f"ps:{i}"
         _assert_parity_exact(report, stripes=ps)
+    if ec == "2+1":
+        # The PS holding the global step comes back at a new port: the trainers rebuild TF_CONFIG,
+        # RunConfig, Estimator and session for it (tf_ecrec.failover), and the bytes are the same.
+        report, _ = _run(tmp_path / "moved", *args, "--kill", "ps:0@step=110", "--restart-delay", "1",
+                         "--restart-at", "new-port")
+        (rec,) = report["recovery"]
+        assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+        assert rec["address"] != "same" and rec["failovers"] >= 1, rec
+        assert report["variables_sha256"] == reference["variables_sha256"]
+        _assert_parity_exact(report, stripes=ps)
+
+
+def test_a_ps_back_at_a_new_port_is_followed_by_every_trainer_and_rebuilt(tmp_path):
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "500",
+                       "--kill", "ps:1@step=250", "--restart-delay", "1", "--restart-at", "new-port")
+    (rec,) = report["recovery"]
+    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0 and rec["bytes_rebuilt"] > 0, rec
+    moves = [e for e in report["events"] if e["kind"] == "move"]
+    assert [m["task"] for m in moves] == ["ps:1"] and rec["address"] == moves[0]["new"] != moves[0]["old"]
+    rebuilt = {e["task"] for e in report["events"] if e["kind"] == "failover" and e["state"] == "build"}
+    assert rebuilt == {"chief:0", "worker:0"}, report["events"]
+    assert report["data"]["records_trained"] >= report["data"]["records_total"]
+    _assert_parity_exact(report, stripes=3)
+    with open(os.path.join(tmp_path, "cluster.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["ps"][1] == moves[0]["new"]
+    assert "moves from" in err

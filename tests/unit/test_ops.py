@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import run_in_fresh_process
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.errors import OpLibraryError
 
@@ -253,6 +254,64 @@ def test_lazy_adam_replays_duplicate_ids_in_order() -> None:
         np.testing.assert_array_equal(_bits(ours), _bits(expected))
     _assert_delta(old, new, ids, delta)
     assert not delta[2].any() and not delta[4].any()
+
+
+# Large steps, beyond the 11-row tables above: (table rows, ids per step, row width, repeats).
+# The op finds repeats with a bitmap of the table's rows when it is small next
+# to the ids, else with a hash set; and splits steps worth more than one
+# thread into shards of rows.
+LARGE_STEPS = {
+    "bitmap_repeats_sharded": (64, 6000, 16, True),
+    "bitmap_distinct_sharded": (20_000, 5000, 16, False),
+    "hash_repeats": (200_000, 1000, 4, True),
+    "hash_distinct": (200_000, 1000, 4, False),
+}
+
+
+def check_large_steps() -> None:
+    """Every LARGE_STEPS case and optimizer: ours on two intra-op threads, stock on one.
+
+    The stock ops race on repeated ids when they have more than one thread.
+    Run by run_in_fresh_process, which gives each session its own pool.
+    """
+    config = V1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=1)
+    for case, (rows, n, dim, repeats) in sorted(LARGE_STEPS.items()):
+        for name in ("sgd", "adagrad", "ftrl_v2"):
+            optimizer = OPTIMIZERS[name]
+            rng = np.random.default_rng(n + dim)
+            init = [rng.normal(size=(rows, dim)).astype(F32)] + optimizer.slot_init(rng, (rows, dim))
+            graph = tf.Graph()
+            with graph.as_default():
+                variables = [tf.Variable(value) for value in init]
+                grad = V1.placeholder(tf.float32, [None, dim])
+                ids = V1.placeholder(tf.int64, [None])
+                stock_step = optimizer.stock(variables, grad, ids)
+                delta = optimizer.ours(variables, grad, ids)
+                read = [v.read_value() for v in variables]
+                init_op = V1.global_variables_initializer()
+            # Each session has its own copy of the variables.
+            with _session(graph) as stock, V1.Session(graph=graph, config=config) as ours:
+                stock.run(init_op)
+                ours.run(init_op)
+                for _ in range(2):
+                    if repeats:  # a few hundred hot rows, each repeated many times
+                        step_ids = rng.choice(rng.choice(rows, size=min(rows, 300), replace=False), size=n)
+                    else:
+                        step_ids = rng.choice(rows, size=n, replace=False)
+                    feed = {grad: rng.normal(size=(n, dim)).astype(F32), ids: step_ids}
+                    old = ours.run(read)
+                    stock.run(stock_step, feed)
+                    step_delta = ours.run(delta, feed)
+                    new, expected = ours.run(read), stock.run(read)
+                    for table, (ours_value, stock_value) in enumerate(zip(new, expected)):
+                        np.testing.assert_array_equal(
+                            _bits(ours_value), _bits(stock_value), err_msg=f"{case} {name} table {table}"
+                        )
+                    _assert_delta(old, new, step_ids, step_delta)
+
+
+def test_large_steps_on_two_threads_match_stock_on_one() -> None:
+    run_in_fresh_process("unit.test_ops:check_large_steps")
 
 
 # --- against the v1 optimizers themselves --------------------------------------------------

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import run_in_fresh_process
 from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
 
@@ -177,6 +178,39 @@ def test_concurrent_steps_on_hot_rows_keep_parity_exact() -> None:
     expected = codec.encode(code, stripe_bits(final_vars, final_accums))
     for p in range(2):
         np.testing.assert_array_equal(final_parities[p], expected[p])
+
+
+def check_large_folds() -> None:
+    """Folds worth splitting into shards of rows, with hot rows, on two intra-op threads.
+
+    Run by run_in_fresh_process, where this session sets the pool's size.
+    """
+    rng = np.random.default_rng(5)
+    width, n = 13, 20_000  # 13 words: a 32-byte block of the vector path and a tail
+    parity0 = _random_words(rng, (1000, width))
+    graph = tf.Graph()
+    with graph.as_default():
+        parity = tf.Variable(parity0)
+        rows = V1.placeholder(tf.int64, [None])
+        delta = V1.placeholder(tf.int32, [None, width])
+        coef = V1.placeholder(tf.int32, [])
+        updates = {bits: ec_ops.parity_update(parity, rows, delta, coef, field_bits=bits) for bits in (8, 16)}
+        read = parity.read_value()
+        init = V1.global_variables_initializer()
+    config = V1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=1)
+    with V1.Session(graph=graph, config=config) as sess:
+        sess.run(init)
+        expected = parity0
+        for bits, coef_value in [(16, 1), (16, 0x5003), (8, 0x8E)]:
+            step_rows = rng.choice(rng.choice(1000, size=200, replace=False), size=n)
+            step_delta = _random_words(rng, (n, width))
+            sess.run(updates[bits], {rows: step_rows, delta: step_delta, coef: coef_value})
+            expected = _fold(expected, step_rows, step_delta, coef_value, bits)
+            np.testing.assert_array_equal(sess.run(read), expected)
+
+
+def test_large_folds_with_repeats_on_two_threads_match_the_oracle() -> None:
+    run_in_fresh_process("unit.test_ops_parity:check_large_folds")
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -32,7 +32,22 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "method": "checkpoint",
         "bytes_rebuilt": 0,
         "rebuild_seconds": 0.0,
+        "address": "same",
+        "failovers": 0,
     }
+
+
+def test_recovery_entry_names_the_new_address_and_counts_the_failovers_until_resumed():
+    events = _events()
+    events[3:3] = [
+        Event(22.0, "move", "ps:1", 1200, {"old": "127.0.0.1:1", "new": "127.0.0.1:9"}),
+        Event(23.0, "failover", "chief:0", None, {"state": "wait", "reason": "session failed"}),
+        Event(24.0, "failover", "chief:0", None, {"state": "build", "reason": "PS moved"}),
+        Event(24.5, "failover", "worker:0", None, {"state": "build", "reason": "PS moved"}),
+    ]
+    events.append(Event(40.0, "failover", "worker:0", None, {"state": "build", "reason": "later"}))
+    (entry,) = recovery_entries(events)
+    assert entry["address"] == "127.0.0.1:9" and entry["failovers"] == 2
 
 
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():

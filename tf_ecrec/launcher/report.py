@@ -24,7 +24,10 @@ Field names are stable (other tools read them):
     ("parity": rebuilt from parity and replicas; "checkpoint": every variable
     restored from the checkpoint; "init": re-initialised, no protection;
     "none": nothing was lost, e.g. a worker), ``bytes_rebuilt`` and
-    ``rebuild_seconds`` (the chief's decision and rebuild).
+    ``rebuild_seconds`` (the chief's decision and rebuild), ``address``
+    (where the task came back: its old one, or a new port with
+    ``--restart-at new-port``) and ``failovers`` (trainers' rebuilds of
+    TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`).
 ``variables_sha256``
     digest of every variable's bytes read from the PS tasks at the end
     (`tf_ecrec.inspect`).
@@ -116,6 +119,9 @@ def recovery_entries(events: Sequence[Event], fault_tolerance: str = "checkpoint
         if resumed is not None:
             seen.append(resumed.global_step)
         resumed_from = min(min(seen), kill.global_step) if seen else None
+        upto = resumed.t if resumed is not None else float("inf")
+        moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
+        failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") == "build" and e.t <= upto]
         out.append(
             {
                 "task": kill.task,
@@ -127,6 +133,8 @@ def recovery_entries(events: Sequence[Event], fault_tolerance: str = "checkpoint
                 "method": method,
                 "bytes_rebuilt": int(recovered.extra.get("bytes_rebuilt") or 0) if recovered else 0,
                 "rebuild_seconds": float(recovered.extra.get("rebuild_seconds") or 0.0) if recovered else 0.0,
+                "address": moved.extra.get("new") if moved is not None else "same",
+                "failovers": len(failovers),
             }
         )
     return out

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ops/cc/kernels/galois.h"
+#include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -45,10 +46,10 @@ DeltaLog::Words DeltaLog::Materialize(const Entry& entry) {
     }
     int32_t* dst = out.words.data() + out.words.size() - w;
     const int32_t* row = src + p * w;
-    for (int64_t j = 0; j < w; ++j) {
-      dst[j] ^= entry.coef == 1
-                    ? row[j]
-                    : static_cast<int32_t>(scale(static_cast<uint32_t>(row[j])));
+    if (entry.coef == 1) {
+      XorWords(row, dst, w);
+    } else {
+      scale.XorScaled(row, dst, w);
     }
   }
   return out;

@@ -12,7 +12,8 @@
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/galois.h"
 #include "ops/cc/kernels/locked_variables.h"
-#include "ops/cc/kernels/row_groups.h"
+#include "ops/cc/kernels/row_shards.h"
+#include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -21,19 +22,6 @@
 namespace tensorflow {
 namespace ec_rec {
 namespace {
-
-inline void XorWords(const int32_t* __restrict__ src, int32_t* __restrict__ dst,
-                     int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dst[j] ^= src[j];
-}
-
-inline void XorScaledWords(const galois::WordScaler& scale,
-                           const int32_t* __restrict__ src,
-                           int32_t* __restrict__ dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    dst[j] ^= static_cast<int32_t>(scale(static_cast<uint32_t>(src[j])));
-  }
-}
 
 // kLogged: four more inputs after the stock ones, (log, sid, target, source).
 template <typename Tindex, bool kLogged>
@@ -93,12 +81,12 @@ class ParityUpdateOp : public OpKernel {
                                         " words but `parity` rows have ", width,
                                         "; they must be equal"));
 
-    RowGroups groups;
-    OP_REQUIRES_OK(ctx, groups.Build<Tindex>(rows, parity->dim_size(0), "rows"));
+    RowShards shards;
+    OP_REQUIRES_OK(ctx, shards.Build<Tindex>(rows, parity->dim_size(0), "rows"));
     LogWrite write;  // the last check: from here on the op writes
     if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
-    if (groups.size() == 0 || width == 0) {
-      if (kLogged) Log(log.get(), tag, coef, &groups, logged_delta);
+    if (shards.size() == 0 || width == 0) {
+      if (kLogged) Log(log.get(), tag, coef, &shards, logged_delta);
       return;
     }
 
@@ -106,38 +94,43 @@ class ParityUpdateOp : public OpKernel {
     int32_t* dst = parity->matrix<int32>().data();
     const galois::WordScaler scale(field_bits_, static_cast<uint32_t>(coef));
 
-    // XOR commutes, so the order of a row's occurrences does not matter;
-    // grouping only keeps two threads off the same parity row.
-    auto update_groups = [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        int32_t* parity_row = dst + groups.row(g) * width;
-        for (const int64_t* p = groups.begin(g); p != groups.end(g); ++p) {
-          const int32_t* delta_row = src + *p * width;
-          if (coef == 1) {
-            XorWords(delta_row, parity_row, width);
-          } else {
-            XorScaledWords(scale, delta_row, parity_row, width);
-          }
-        }
+    // XOR commutes, so repeated rows need no grouping and the order of a
+    // row's occurrences does not matter; shards only keep two threads off
+    // the same parity row.
+    auto update_shard = [&](const RowShard& shard) {
+      auto prefetch = [&](int64_t i) {
+        RowShards::Prefetch(dst + shards.row(i) * width, width);
+      };
+      if (coef == 1) {
+        shard.ForEach(
+            [&](int64_t i) {
+              XorWords(src + i * width, dst + shards.row(i) * width, width);
+            },
+            prefetch);
+      } else {
+        shard.ForEach(
+            [&](int64_t i) {
+              scale.XorScaled(src + i * width, dst + shards.row(i) * width,
+                              width);
+            },
+            prefetch);
       }
     };
-    const double bytes = static_cast<double>(width) * sizeof(int32_t) *
-                         groups.size() / groups.num_groups();
+    const double bytes = static_cast<double>(width) * sizeof(int32_t);
     const Eigen::TensorOpCost cost(2 * bytes, bytes,
-                                   coef == 1 ? width : 8.0 * width);
-    ctx->eigen_cpu_device().parallelFor(groups.num_groups(), cost,
-                                        update_groups);
-    if (kLogged) Log(log.get(), tag, coef, &groups, logged_delta);  // still under the lock
+                                   coef == 1 ? width : 2.0 * width);
+    shards.ForEachShard(ctx->eigen_cpu_device(), cost, update_shard);
+    if (kLogged) Log(log.get(), tag, coef, &shards, logged_delta);  // still under the lock
   }
 
  private:
   void Log(DeltaLog* log, const DeltaLog::Tag& tag, int32 coef,
-           RowGroups* groups, const Tensor& delta) const {
+           RowShards* shards, const Tensor& delta) const {
     DeltaLog::Entry entry;
     entry.sid = tag.sid;
     entry.target = tag.target;
     entry.source = tag.source;
-    entry.rows = groups->ReleaseRows();
+    entry.rows = shards->ReleaseRows();
     entry.delta = delta;
     entry.coef = static_cast<uint32_t>(coef);
     entry.field_bits = field_bits_;

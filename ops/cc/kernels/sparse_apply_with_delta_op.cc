@@ -15,7 +15,8 @@
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/optimizer_rules.h"
-#include "ops/cc/kernels/row_groups.h"
+#include "ops/cc/kernels/row_shards.h"
+#include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -25,15 +26,6 @@
 namespace tensorflow {
 namespace ec_rec {
 namespace {
-
-// XORs the bits of `n` floats into `n` int32 words.
-inline void XorBits(const float* src, int32_t* dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    uint32_t bits;
-    std::memcpy(&bits, src + j, sizeof(bits));
-    dst[j] ^= static_cast<int32_t>(bits);
-  }
-}
 
 // The op: validate, lock var and slots, then for every distinct row
 //   delta[first occurrence] = bits(old rows), apply each occurrence in input
@@ -107,20 +99,21 @@ class SparseApplyWithDeltaOp : public OpKernel {
                                         "shape ",
                                         shape.DebugString()));
 
-    RowGroups groups;
-    OP_REQUIRES_OK(ctx, groups.Build<Tindex>(indices, shape.dim_size(0),
-                                             "indices"));
+    RowShards ids;
+    OP_REQUIRES_OK(ctx, ids.Build<Tindex>(indices, shape.dim_size(0),
+                                          "indices"));
 
     const int64_t width = kTables * dim;
     Tensor* delta = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({groups.size(), width}), &delta));
+                            0, TensorShape({ids.size(), width}), &delta));
     LogWrite write;  // the last check: from here on the op writes
     if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
-    if (groups.size() == 0) {
-      if (kLogged) Log(log.get(), tag, &groups, *delta);
+    if (ids.size() == 0) {
+      if (kLogged) Log(log.get(), tag, &ids, *delta);
       return;
     }
+    ids.MarkFirstOccurrences();
 
     std::vector<Rows> tables;
     tables.reserve(kTables);
@@ -131,43 +124,65 @@ class SparseApplyWithDeltaOp : public OpKernel {
     int32_t* out = delta->matrix<int32>().data();
     const Rule& rule = rule_;
 
-    auto apply_groups = [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t row = groups.row(g);
-        const int64_t* first = groups.begin(g);
-        int32_t* out_row = out + *first * width;
-        for (int t = 0; t < kTables; ++t) {
-          std::memcpy(out_row + t * dim, tables[t].data() + row * dim,
-                      dim * sizeof(float));
-        }
-        for (const int64_t* p = first; p != groups.end(g); ++p) {
-          rule.ApplyRow(hyper, tables, row, grads, *p);
-          if (p != first) {
-            std::memset(out + *p * width, 0, width * sizeof(int32_t));
-          }
-        }
-        for (int t = 0; t < kTables; ++t) {
-          XorBits(tables[t].data() + row * dim, out_row + t * dim, dim);
-        }
+    auto copy_old = [&](int64_t row, int32_t* out_row) {
+      for (int t = 0; t < kTables; ++t) {
+        CopyWords(tables[t].data() + row * dim, out_row + t * dim, dim);
       }
+    };
+    auto xor_new = [&](int64_t row, int32_t* out_row) {
+      for (int t = 0; t < kTables; ++t) {
+        XorWords(tables[t].data() + row * dim, out_row + t * dim, dim);
+      }
+    };
+    // Without repeats every row is done in one visit, while it is in cache.
+    // With repeats the new bits are only known after the shard's last
+    // occurrence of the row, so they are XORed in by a second pass.
+    auto apply_shard = [&](const RowShard& shard) {
+      if (!ids.has_duplicates()) {
+        shard.ForEach(
+            [&](int64_t i) {
+              const int64_t row = ids.row(i);
+              int32_t* out_row = out + i * width;
+              copy_old(row, out_row);
+              rule.ApplyRow(hyper, tables, row, grads, i);
+              xor_new(row, out_row);
+            },
+            [&](int64_t i) {
+              for (int t = 0; t < kTables; ++t) {
+                RowShards::Prefetch(tables[t].data() + ids.row(i) * dim, dim);
+              }
+            });
+        return;
+      }
+      shard.ForEach([&](int64_t i) {
+        const int64_t row = ids.row(i);
+        if (ids.is_first(i)) {
+          copy_old(row, out + i * width);
+        } else {
+          std::memset(out + i * width, 0, width * sizeof(int32_t));
+        }
+        rule.ApplyRow(hyper, tables, row, grads, i);
+      });
+      shard.ForEach([&](int64_t i) {
+        if (ids.is_first(i)) xor_new(ids.row(i), out + i * width);
+      });
     };
     const double bytes = static_cast<double>(dim) * sizeof(float);
     const Eigen::TensorOpCost cost(bytes * (2 * kTables + 1),
                                    bytes * 2 * kTables,
                                    static_cast<double>(dim) *
                                        (Rule::kCyclesPerElement + 2 * kTables));
-    ctx->eigen_cpu_device().parallelFor(groups.num_groups(), cost,
-                                        apply_groups);
-    if (kLogged) Log(log.get(), tag, &groups, *delta);  // still under the locks
+    ids.ForEachShard(ctx->eigen_cpu_device(), cost, apply_shard);
+    if (kLogged) Log(log.get(), tag, &ids, *delta);  // still under the locks
   }
 
-  static void Log(DeltaLog* log, const DeltaLog::Tag& tag, RowGroups* groups,
+  static void Log(DeltaLog* log, const DeltaLog::Tag& tag, RowShards* ids,
                   const Tensor& delta) {
     DeltaLog::Entry entry;
     entry.sid = tag.sid;
     entry.target = tag.target;
     entry.source = tag.source;
-    entry.rows = groups->ReleaseRows();
+    entry.rows = ids->ReleaseRows();
     entry.delta = delta;
     log->Append(std::move(entry));
   }

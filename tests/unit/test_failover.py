@@ -1,0 +1,261 @@
+"""The failover loop's states and waits, its cluster sources (file and a real master), the migration hook's source mode.
+
+The loop's Estimator is a scripted stand-in here (the logic under test is the
+state machine); tests/e2e/test_failover_e2e.py runs the same transitions with
+real TensorFlow servers, a PS moved to a new port and the chief's rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from tf_ecrec.config import ClusterConfig
+from tf_ecrec.errors import ConfigError, RecoveryError
+from tf_ecrec.failover import (
+    FailoverLoop,
+    FileClusterSource,
+    MasterClusterSource,
+    State,
+    session_config,
+    write_cluster_file,
+)
+from tf_ecrec.hooks.ps_migration import PsMigrationHook
+from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.server import start_master
+
+PS = ["127.0.0.1:3000", "127.0.0.1:3001", "127.0.0.1:3002"]
+
+
+def _cluster(task_type="chief", index=0, ps=PS):
+    return ClusterConfig({"ps": tuple(ps), "chief": ("127.0.0.1:2000",), "worker": ("127.0.0.1:2001",)}, task_type, index)
+
+
+class Source:
+    """A scripted cluster source: a list of answers, the last one repeated."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.calls = 0
+
+    def ps_addresses(self):
+        self.calls += 1
+        return list(self.answers[min(self.calls - 1, len(self.answers) - 1)])
+
+
+class Estimator:
+    """Runs one scripted outcome per train() call: "ok", an exception, or "migrate" (drives the hook)."""
+
+    def __init__(self, outcome, seen):
+        self.outcome = outcome
+        self.seen = seen
+
+    def train(self, input_fn, max_steps=None, hooks=(), saving_listeners=None):
+        self.seen.append({"tf_config": json.loads(os.environ["TF_CONFIG"]), "max_steps": max_steps, "hooks": list(hooks)})
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        if self.outcome == "migrate":
+            hook = hooks[-1]
+            hook.begin()
+            deadline = time.time() + 5
+            stopped = []
+            while not stopped and time.time() < deadline:
+                hook.after_run(type("Ctx", (), {"request_stop": lambda self: stopped.append(1)})(), None)
+                time.sleep(0.01)
+            hook.end(None)
+            assert stopped, "the hook never requested a stop"
+
+
+def _loop(outcomes, source, **kwargs):
+    seen, configs = [], []
+    script = iter(outcomes)
+
+    def build(cluster, config):
+        configs.append((cluster, config))
+        return Estimator(next(script), seen)
+
+    kwargs.setdefault("poll_secs", 0.01)
+    return FailoverLoop(_cluster(), build, source, **kwargs), seen, configs
+
+
+def test_training_that_ends_normally_builds_once_and_is_done(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    loop, seen, configs = _loop(["ok"], Source(PS))
+    loop.train(lambda: None, max_steps=7, hooks=["user-hook"])
+    assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN, State.DONE]
+    assert seen[0]["tf_config"]["cluster"]["ps"] == PS and seen[0]["max_steps"] == 7
+    assert seen[0]["hooks"][0] == "user-hook" and isinstance(seen[0]["hooks"][1], PsMigrationHook)
+    assert len(configs) == 1
+
+
+def test_a_failed_session_waits_for_the_moved_ps_and_rebuilds_for_its_new_address(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    moved = [PS[0], "127.0.0.1:4001", PS[2]]
+    source = Source([PS[0], None, PS[2]], [PS[0], None, PS[2]], moved)
+    error = tf.errors.DeadlineExceededError(None, None, "Timed out waiting for /job:ps/task:1")
+    loop, seen, configs = _loop([error, "ok"], source)
+    loop.train(lambda: None)
+    states = [s for _, s, _ in loop.history]
+    assert states == [State.BUILD, State.TRAIN, State.WAIT, State.BUILD, State.TRAIN, State.DONE]
+    assert "DeadlineExceededError" in loop.history[2][2]
+    assert "PS moved" in loop.history[3][2] and "127.0.0.1:4001" in loop.history[3][2]
+    assert seen[1]["tf_config"]["cluster"]["ps"] == moved  # TF_CONFIG rebuilt before the Estimator
+    assert list(configs[1][0].ps_addresses) == moved and loop.cluster.ps_addresses == tuple(moved)
+    # The session of the rebuilt Estimator carries the new cluster.
+    jobs = {j.name: dict(j.tasks) for j in configs[1][1].cluster_def.job}
+    assert jobs == {"ps": dict(enumerate(moved)), "chief": {0: "127.0.0.1:2000"}}
+
+
+def test_the_migration_hook_stops_a_live_session_and_the_loop_follows(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    moved = ["127.0.0.1:5000", PS[1], PS[2]]
+    loop, seen, _ = _loop(["migrate", "ok"], Source(PS, PS, moved))
+    loop.train(lambda: None)
+    assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN, State.WAIT, State.BUILD, State.TRAIN, State.DONE]
+    assert "migration hook" in loop.history[2][2]
+    assert seen[1]["tf_config"]["cluster"]["ps"] == moved
+
+
+def test_a_ps_back_at_its_old_address_rebuilds_with_the_same_cluster(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    loop, seen, _ = _loop([tf.errors.UnavailableError(None, None, "Socket closed"), "ok"], Source(PS))
+    loop.train(lambda: None)
+    assert "same addresses" in loop.history[3][2] and seen[1]["tf_config"]["cluster"]["ps"] == PS
+
+
+def test_a_ps_that_never_comes_back_is_a_recovery_error_within_the_wait(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    loop, _, _ = _loop([tf.errors.UnavailableError(None, None, "down")], Source([PS[0], None, PS[2]]), wait_secs=0.3)
+    start = time.monotonic()
+    with pytest.raises(RecoveryError, match=r"chief:0: PS tasks ps:1 not alive within 0 s"):
+        loop.train(lambda: None)
+    assert time.monotonic() - start < 3
+
+
+def test_failovers_beyond_the_limit_are_a_recovery_error(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    errors = [tf.errors.AbortedError(None, None, "again")] * 3
+    loop, _, _ = _loop(errors, Source(PS), max_failovers=2)
+    with pytest.raises(RecoveryError, match=r"2 failovers in a row without a completed step, more than max_failovers = 2"):
+        loop.train(lambda: None)
+
+
+def test_failovers_between_which_steps_complete_do_not_add_up(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+    class Stepping(Estimator):
+        def train(self, input_fn, max_steps=None, hooks=(), saving_listeners=None):
+            hooks[-1].after_run(type("Ctx", (), {"request_stop": lambda self: None})(), None)  # one step done
+            super().train(input_fn, max_steps, hooks, saving_listeners)
+
+    seen = []
+    script = iter([tf.errors.AbortedError(None, None, "again")] * 4 + ["ok"])
+    loop = FailoverLoop(_cluster(), lambda c, s: Stepping(next(script), seen), Source(PS), max_failovers=1, poll_secs=0.01)
+    loop.train(lambda: None)
+    assert len(seen) == 5 and loop.history[-1][1] is State.DONE
+
+
+def test_other_errors_are_not_failovers(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    loop, _, _ = _loop([tf.errors.InvalidArgumentError(None, None, "bad ids")], Source(PS))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        loop.train(lambda: None)
+    assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN]
+
+
+def test_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError, match=r"runs trainers, not ps:0"):
+        FailoverLoop(_cluster("ps", 0), lambda c, s: None, Source(PS))
+    with pytest.raises(ConfigError, match=r"wait_secs=0"):
+        FailoverLoop(_cluster(), lambda c, s: None, Source(PS), wait_secs=0)
+    with pytest.raises(ConfigError, match=r"session timeout 0 s"):
+        session_config(_cluster(), 0)
+
+
+def test_session_config_propagates_the_cluster_with_shared_state_and_a_timeout():
+    base = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    config = session_config(_cluster("worker", 0), 7.5, base)
+    jobs = {j.name: dict(j.tasks) for j in config.cluster_def.job}
+    assert jobs == {"ps": dict(enumerate(PS)), "worker": {0: "127.0.0.1:2001"}}
+    assert config.experimental.share_session_state_in_clusterspec_propagation
+    assert config.rpc_options.use_rpc_for_inprocess_master
+    assert config.operation_timeout_in_ms == 7500 and config.allow_soft_placement
+
+
+# ---- sources ------------------------------------------------------------------------------------------
+
+
+def test_file_source_reads_what_the_writer_replaced(tmp_path):
+    path = str(tmp_path / "cluster.json")
+    write_cluster_file(path, {"ps": PS, "chief": ["127.0.0.1:2000"]})
+    source = FileClusterSource(path, 3)
+    assert source.ps_addresses() == PS
+    write_cluster_file(path, {"ps": [PS[0], "", PS[2]], "chief": ["127.0.0.1:2000"]})
+    assert source.ps_addresses() == [PS[0], None, PS[2]]
+    assert os.listdir(tmp_path) == ["cluster.json"]  # no temporary left behind
+    with pytest.raises(ConfigError, match=r"lists 3 PS tasks, the job has 2"):
+        FileClusterSource(path, 2).ps_addresses()
+    with pytest.raises(ConfigError, match=r"not readable JSON"):
+        FileClusterSource(str(tmp_path / "missing.json"), 3).ps_addresses()
+
+
+def test_master_source_reports_alive_ps_at_their_last_address():
+    master = start_master(fsync=False)
+    try:
+        clients = [MasterClient(master.address, "ps", i, timeout=2.0) for i in range(3)]
+        for client, address in zip(clients, PS):
+            client.register(address)
+        watcher = MasterClient(master.address, "chief", 0, timeout=2.0)
+        source = MasterClusterSource(watcher, 3)
+        assert source.ps_addresses() == PS
+        watcher.report_failure("ps:1", reason="killed by the test")
+        assert source.ps_addresses() == [PS[0], None, PS[2]]
+        MasterClient(master.address, "ps", 1, timeout=2.0).register("127.0.0.1:4001")
+        assert source.ps_addresses() == [PS[0], "127.0.0.1:4001", PS[2]]
+    finally:
+        master.stop(grace=0)
+
+
+def test_the_file_and_the_master_agree_on_the_same_story(tmp_path):
+    # The same three moments through both sources: all up, ps:1 down, ps:1 at a new port.
+    path = str(tmp_path / "cluster.json")
+    moments = [PS, [PS[0], None, PS[2]], [PS[0], "127.0.0.1:4001", PS[2]]]
+    master = start_master(fsync=False)
+    try:
+        for i, address in enumerate(PS):
+            MasterClient(master.address, "ps", i, timeout=2.0).register(address)
+        watcher = MasterClient(master.address, "chief", 0, timeout=2.0)
+        by_master, by_file = [], []
+        for k, moment in enumerate(moments):
+            if k == 1:
+                watcher.report_failure("ps:1", reason="down")
+            if k == 2:
+                MasterClient(master.address, "ps", 1, timeout=2.0).register(moment[1])
+            write_cluster_file(path, {"ps": [a or "" for a in moment]})
+            by_master.append(MasterClusterSource(watcher, 3).ps_addresses())
+            by_file.append(FileClusterSource(path, 3).ps_addresses())
+        assert by_master == by_file == moments
+    finally:
+        master.stop(grace=0)
+
+
+def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_address():
+    answers = Source(PS, [PS[0], None, PS[2]], PS, PS)
+    hook = PsMigrationHook(source=answers, expected_ps=PS, poll_secs=0.01)
+    hook.begin()
+    deadline = time.time() + 0.5
+    while answers.calls < 4 and time.time() < deadline:
+        time.sleep(0.01)
+    stopped = []
+    hook.after_run(type("Ctx", (), {"request_stop": lambda self: stopped.append(1)})(), None)
+    hook.end(None)
+    assert answers.calls >= 4 and not stopped and hook.migration is None
+    with pytest.raises(ConfigError, match=r"source= needs expected_ps="):
+        PsMigrationHook(source=answers)
+    with pytest.raises(ConfigError, match=r"exactly one of client=, membership= or source="):
+        PsMigrationHook(source=answers, expected_ps=PS, membership=object())
