@@ -54,6 +54,12 @@ def run_in_fresh_process(target: str, timeout: float = 600) -> None:
 
 
 @pytest.fixture
+def fresh_process():
+    """`run_in_fresh_process`, as a fixture: test modules of every directory see this conftest's fixtures."""
+    return run_in_fresh_process
+
+
+@pytest.fixture
 def criteo_sample() -> str:
     return os.path.join(REPO, "estimator_examples", "data", "criteo_sample.tsv")
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_in_fresh_process
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.errors import OpLibraryError
 
@@ -272,7 +271,7 @@ def check_large_steps() -> None:
     """Every LARGE_STEPS case and optimizer: ours on two intra-op threads, stock on one.
 
     The stock ops race on repeated ids when they have more than one thread.
-    Run by run_in_fresh_process, which gives each session its own pool.
+    Run by the fresh_process fixture, which gives each session its own pool.
     """
     config = V1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=1)
     for case, (rows, n, dim, repeats) in sorted(LARGE_STEPS.items()):
@@ -310,8 +309,8 @@ def check_large_steps() -> None:
                     _assert_delta(old, new, step_ids, step_delta)
 
 
-def test_large_steps_on_two_threads_match_stock_on_one() -> None:
-    run_in_fresh_process("unit.test_ops:check_large_steps")
+def test_large_steps_on_two_threads_match_stock_on_one(fresh_process) -> None:
+    fresh_process("unit.test_ops:check_large_steps")
 
 
 # --- against the v1 optimizers themselves --------------------------------------------------

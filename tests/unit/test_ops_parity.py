@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_in_fresh_process
 from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
 
@@ -183,7 +182,7 @@ def test_concurrent_steps_on_hot_rows_keep_parity_exact() -> None:
 def check_large_folds() -> None:
     """Folds worth splitting into shards of rows, with hot rows, on two intra-op threads.
 
-    Run by run_in_fresh_process, where this session sets the pool's size.
+    Run by the fresh_process fixture, where this session sets the pool's size.
     """
     rng = np.random.default_rng(5)
     width, n = 13, 20_000  # 13 words: a 32-byte block of the vector path and a tail
@@ -209,8 +208,8 @@ def check_large_folds() -> None:
             np.testing.assert_array_equal(sess.run(read), expected)
 
 
-def test_large_folds_with_repeats_on_two_threads_match_the_oracle() -> None:
-    run_in_fresh_process("unit.test_ops_parity:check_large_folds")
+def test_large_folds_with_repeats_on_two_threads_match_the_oracle(fresh_process) -> None:
+    fresh_process("unit.test_ops_parity:check_large_folds")
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""The cost of erasure-coded protection alone: the same tables, the same storage, with and without it.
+
+`benchmarks/fault_tolerance.py throughput` compares the launcher's stock DLRM
+(26 tables, each partitioned over the PS tasks) with the protected one (all
+tables of a width in one variable per PS, `tf_ecrec.EmbeddingCollection`):
+two storage layouts as well as the protection.  This benchmark holds the
+storage fixed and varies only the optimizer:
+
+* ``stock``: `EmbeddingCollection` storage trained by the stock v1 Adagrad
+  (`ResourceSparseApplyAdagrad` on each PS variable; no parity, no replicas);
+* ``ecrec K+R``: the same storage under `tf_ecrec.ECOptimizer` (apply with
+  delta, parity folds, dense and global-step replicas, delta logs, commit).
+
+Method.  One process runs the PS tasks and one worker as in-process
+TensorFlow servers on loopback (gRPC between them, as in a job); the model is
+DLRM-shaped: 26 tables of ``--rows`` rows of width ``--dim`` (one
+collection), a 2-layer MLP over the concatenated rows, batch ``--batch``, ids
+Zipf-distributed.  Batches are precomputed and fed; every configuration sees
+the same batches.  Each timed sample runs ``--steps`` steps after a warm-up;
+samples are interleaved (stock, 2+1, 4+1, stock, ...) so that drift on a
+shared machine falls on all alike.  Reported: median steps/s and the median
+of the per-round ratios to ``stock`` (higher is better).  Nothing asserts on
+timings.
+
+    python benchmarks/protection_cost.py                   # 5 PS, ~2-4 min
+    python benchmarks/protection_cost.py --ps 5 --rounds 7 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_ecrec  # noqa: E402
+import tf_ecrec.ops  # noqa: E402,F401  (the kernels the protected graph runs)
+from tf_ecrec.device import ECDeviceFn  # noqa: E402
+
+TABLES = 26
+
+
+def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Server]]:
+    socks = [socket.socket() for _ in range(num_ps + 1)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    spec = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
+    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(num_ps)]
+    servers.append(tf.distribute.Server(spec, job_name="worker", task_index=0))
+    return spec, servers
+
+
+def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object]:
+    """(graph, ids placeholder, train op, init op) of one configuration."""
+    ec = tf_ecrec.ECConfig(2, 1) if config == "stock" else tf_ecrec.ECConfig.parse(config.split()[1])
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=num_ps, worker_device="/job:worker/task:0")):
+        tf.compat.v1.set_random_seed(1)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        coll = tf_ecrec.EmbeddingCollection("emb", [(f"C{i}", rows) for i in range(TABLES)], dim, ec=ec, num_ps=num_ps)
+        ids = tf.compat.v1.placeholder(tf.int64, [None, TABLES])
+        x = tf.reshape(coll.lookup_all(ids), [-1, TABLES * dim])
+        init = tf.compat.v1.glorot_uniform_initializer(seed=2)
+        for i, width in enumerate((64, 1)):
+            kernel = tf.compat.v1.get_variable(f"dense{i}", [int(x.shape[1]), width], initializer=init, use_resource=True)
+            x = tf.matmul(x, kernel)
+            x = tf.nn.relu(x) if width > 1 else x
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(x), logits=x))
+        base = tf.compat.v1.train.AdagradOptimizer(0.05)
+        opt = base if config == "stock" else tf_ecrec.ECOptimizer(base, ec=ec)
+        train = opt.minimize(loss, global_step=step)
+        init_op = tf.compat.v1.global_variables_initializer()
+    graph.finalize()
+    return graph, ids, train, init_op
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ps", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=20000, help="rows of each of the 26 tables")
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
+    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 4+1")
+    args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",")]
+    spec, servers = _servers(args.ps)
+    target = servers[-1].target
+    rng = np.random.default_rng(0)
+    batches = [np.minimum(rng.zipf(1.2, (args.batch, TABLES)) - 1, args.rows - 1) for _ in range(64)]
+    sessions = {}
+    for name in configs:
+        graph, ids, train, init_op = _graph(name, args.ps, args.rows, args.dim)
+        sess = tf.compat.v1.Session(target, graph=graph)
+        sess.run(init_op)
+        for b in batches[:20]:  # warm-up
+            sess.run(train, {ids: b})
+        sessions[name] = (sess, ids, train)
+    rates: dict[str, list[float]] = {name: [] for name in configs}
+    for r in range(args.rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for name in order:
+            sess, ids, train = sessions[name]
+            start = time.perf_counter()
+            for i in range(args.steps):
+                sess.run(train, {ids: batches[i % len(batches)]})
+            rates[name].append(args.steps / (time.perf_counter() - start))
+    print(f"\nprotection cost: {args.ps} PS in process, 26 tables x {args.rows} rows x {args.dim}, batch {args.batch}, "
+          f"{args.rounds} interleaved samples of {args.steps} steps, medians\n")
+    print(f"| config | steps/s | samples/s | ratio to {configs[0]} |\n|---|---|---|---|")
+    for name in configs:
+        ratio = statistics.median(a / b for a, b in zip(rates[name], rates[configs[0]]))
+        rate = statistics.median(rates[name])
+        print(f"| {name} | {rate:,.1f} | {rate * args.batch:,.0f} | {ratio:.3f} |")
+    for sess, _, _ in sessions.values():
+        sess.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
