@@ -10,6 +10,8 @@ configuration of the table.
     python benchmarks/fault_tolerance.py recovery --configs ckpt-100,ckpt-500 --kill ps:1@step=1200
     python benchmarks/fault_tolerance.py recovery --configs ckpt-100-moved,ecrec-2+1-moved --kill ps:1@step=800
 
+Flags this script does not know go to every ``tf-ecrec run`` as they are
+(``... recovery --configs ecrec-2+1-moved --session-timeout 4``).
 Prints a Markdown table and writes the raw reports to ``--out``.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +42,8 @@ PRESETS = {
 
 def run_one(name: str, common: list[str], out_dir: str, index: int) -> dict:
     model_dir = os.path.join(out_dir, f"{name}-{index}")
+    # A model dir left by an earlier run holds its checkpoints, which a new run would resume from.
+    shutil.rmtree(model_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet", *common, *PRESETS[name]]
     started = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -61,8 +66,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill", default="ps:1@step=1200")
     parser.add_argument("--out", default="/tmp/tf_ecrec_bench")
-    parser.add_argument("extra", nargs="*", help="more tf-ecrec run flags (after --)")
-    args = parser.parse_args()
+    # Any other flag goes to every `tf-ecrec run` as is (e.g. --session-timeout 4).
+    args, extra = parser.parse_known_args()
+    args.extra = [a for a in extra if a != "--"]
     configs = args.configs.split(",")
     for name in configs:
         if name not in PRESETS:

@@ -11,8 +11,10 @@ storage fixed and varies only the optimizer:
 * ``ecrec K+R``: the same storage under `tf_ecrec.ECOptimizer` (apply with
   delta, parity folds, dense and global-step replicas, delta logs, commit).
 
-Method.  One process runs the PS tasks and one worker as in-process
-TensorFlow servers on loopback (gRPC between them, as in a job); the model is
+Method.  One process runs, for each configuration, its own PS tasks and one
+worker as in-process TensorFlow servers on loopback (gRPC between them, as
+in a job; own servers, because the configurations' variables share names);
+the model is
 DLRM-shaped: 26 tables of ``--rows`` rows of width ``--dim`` (one
 collection), a 2-layer MLP over the concatenated rows, batch ``--batch``, ids
 Zipf-distributed.  Batches are precomputed and fed; every configuration sees
@@ -95,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 4+1")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",")]
-    spec, servers = _servers(args.ps)
-    target = servers[-1].target
     rng = np.random.default_rng(0)
     batches = [np.minimum(rng.zipf(1.2, (args.batch, TABLES)) - 1, args.rows - 1) for _ in range(64)]
     sessions = {}
+    servers = []
     for name in configs:
+        _, own = _servers(args.ps)
+        servers += own
         graph, ids, train, init_op = _graph(name, args.ps, args.rows, args.dim)
-        sess = tf.compat.v1.Session(target, graph=graph)
+        sess = tf.compat.v1.Session(own[-1].target, graph=graph)
         sess.run(init_op)
         for b in batches[:20]:  # warm-up
             sess.run(train, {ids: b})
