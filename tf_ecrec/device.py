@@ -41,14 +41,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.training import device_setter
 
 from tf_ecrec.errors import ConfigError
 
-# Op types that create variables (placed on the PS like TensorFlow's stock setter does).
-VARIABLE_OPS = frozenset(
-    {"Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable", "MutableHashTable", "MutableHashTableV2",
-     "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable", "MutableDenseHashTableV2"}
-)
+# Op types placed on the PS: the stock setter's own list, so dense variables go where it would put them.
+VARIABLE_OPS = frozenset(device_setter.STANDARD_PS_OPS)
 
 _requests = threading.local()
 

@@ -50,7 +50,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tf_ecrec.config import ClusterConfig
@@ -133,13 +133,21 @@ def write_cluster_file(path: str, cluster: dict[str, Sequence[str]]) -> None:
 # ---- servers and sessions ----------------------------------------------------------------------
 
 
-def start_server(cluster: ClusterConfig) -> Any:
-    """This trainer's TensorFlow server, booted as a one-task job of its own at its TF_CONFIG address."""
+def own_server(address: str) -> Any:
+    """A TensorFlow server at `address`, booted as a one-task job of its own (`SERVER_JOB`).
+
+    Its sessions reach other tasks through the cluster they carry (`propagated_config`).
+    """
     import tensorflow as tf
 
     return tf.distribute.Server(
-        tf.train.ClusterSpec({SERVER_JOB: [cluster.address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc", start=True
+        tf.train.ClusterSpec({SERVER_JOB: [address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc", start=True
     )
+
+
+def start_server(cluster: ClusterConfig) -> Any:
+    """This trainer's TensorFlow server, at its TF_CONFIG address."""
+    return own_server(cluster.address)
 
 
 def session_cluster(cluster: ClusterConfig) -> dict[str, dict[int, str]]:
@@ -147,11 +155,12 @@ def session_cluster(cluster: ClusterConfig) -> dict[str, dict[int, str]]:
     return {"ps": dict(enumerate(cluster.ps_addresses)), cluster.task_type: {cluster.task_index: cluster.address}}
 
 
-def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None) -> Any:
-    """A ConfigProto for `cluster` with ClusterSpec propagation, shared state and an operation timeout.
+def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any = None) -> Any:
+    """A ConfigProto carrying `cluster` (ClusterSpec propagation), with shared state and an operation timeout.
 
     Args:
-      cluster: this trainer's cluster.
+      cluster: the tasks the session reaches, as `tf.train.ClusterSpec` takes them;
+        one of them is the address of the server the session is opened on.
       timeout_secs: the operation timeout: the longest a session call
         (creating a session, one step, a checkpoint save) may take.
       base: a ConfigProto to start from (copied).
@@ -163,7 +172,7 @@ def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None
     config = tf.compat.v1.ConfigProto()
     if base is not None:
         config.CopyFrom(base)
-    config.cluster_def.CopyFrom(tf.train.ClusterSpec(session_cluster(cluster)).as_cluster_def())
+    config.cluster_def.CopyFrom(tf.train.ClusterSpec(dict(cluster)).as_cluster_def())
     # Without this a propagated cluster isolates each session's state: variables on the PS would
     # not be shared between the trainers, nor survive a session.
     config.experimental.share_session_state_in_clusterspec_propagation = True
@@ -171,8 +180,15 @@ def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None
     # master waits for the call it timed out to finish, which a scan of a dead address never does.
     config.rpc_options.use_rpc_for_inprocess_master = True
     config.operation_timeout_in_ms = int(timeout_secs * 1000)
+    # The propagated cluster is what the session may reach; a base's filters (the Estimator's
+    # default names other workers) would only narrow it.
     config.device_filters[:] = []
     return config
+
+
+def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None) -> Any:
+    """The ConfigProto of a trainer's sessions: `propagated_config` of `session_cluster`."""
+    return propagated_config(session_cluster(cluster), timeout_secs, base)
 
 
 # ---- the loop --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tf_ecrec.errors import ConfigError, RecoveryError
+from tf_ecrec.failover import own_server, propagated_config
 
 _LOG = logging.getLogger(__name__)
 
@@ -93,11 +94,8 @@ def read_variables(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
-    server = tf.distribute.Server(tf.train.ClusterSpec({"localhost": [address]}), job_name="localhost", task_index=0)
-    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=int(timeout_secs * 1000))
-    config.cluster_def.CopyFrom(tf.train.ClusterSpec({"ps": list(ps_addresses), "reader": [address]}).as_cluster_def())
-    config.experimental.share_session_state_in_clusterspec_propagation = True
-    config.rpc_options.use_rpc_for_inprocess_master = True
+    server = own_server(address)
+    config = propagated_config({"ps": list(ps_addresses), "reader": [address]}, timeout_secs)
     target = server.target
     try:
         with tf.compat.v1.Session(target, graph=graph, config=config) as sess:

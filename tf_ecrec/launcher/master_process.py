@@ -60,18 +60,6 @@ def make_token(path: str) -> str:
     return token
 
 
-def read_token(path: str) -> str:
-    """The token in `path` (an external master's --token-file)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            token = fh.read().strip()
-    except OSError as exc:
-        raise LaunchError(f"cannot read the master token file {path!r} ({exc.strerror}); source: --master-token-file") from exc
-    if not token:
-        raise LaunchError(f"the master token file {path!r} is empty; source: --master-token-file")
-    return token
-
-
 class MasterProcess:
     """``python -m tf_ecrec.master.server`` as a child process that can be killed and restarted.
 

@@ -72,11 +72,12 @@ from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.failover import ENV_CLUSTER_FILE, write_cluster_file
 from tf_ecrec.launcher.child import command as child_command
-from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token, read_token
+from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.report import Event, build_report, plot_throughput
 from tf_ecrec.launcher.spec import JobSpec, KillSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusReceiver
 from tf_ecrec.launcher.task_link import DATASET, master_environment
+from tf_ecrec.master.server import read_token
 
 _LOG = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ class Supervisor:
         else:
             assert job.master_address is not None
             address = job.master_address
-            self._token = read_token(job.master_token_file) if job.master_token_file else None
+            self._token = read_token(job.master_token_file, "--master-token-file") if job.master_token_file else None
         self._watch = MasterWatch(address, self._token, DATASET)
         self._watch.connect()
 

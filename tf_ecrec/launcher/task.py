@@ -68,9 +68,14 @@ def start_server(cluster: ClusterConfig) -> Any:
     )
 
 
-def _report_recovery(cluster: ClusterConfig) -> Any:
+def _status_sender(cluster: ClusterConfig) -> StatusSender | None:
+    """The sender of this task's reports to the launcher, when one listens."""
     address = os.environ.get(ENV_STATUS_ADDRESS)
-    sender = StatusSender(address, cluster.task) if address else None
+    return StatusSender(address, cluster.task) if address else None
+
+
+def _report_recovery(cluster: ClusterConfig) -> Any:
+    sender = _status_sender(cluster)
 
     def listener(result: Any) -> None:
         if sender is not None and result.method in ("parity", "checkpoint"):
@@ -104,8 +109,7 @@ def cluster_source(cluster: ClusterConfig, link: TaskLink | None) -> Any:
 
 
 def _report_failover(cluster: ClusterConfig) -> Any:
-    address = os.environ.get(ENV_STATUS_ADDRESS)
-    sender = StatusSender(address, cluster.task) if address else None
+    sender = _status_sender(cluster)
 
     def on_transition(state: Any, reason: str) -> None:
         if sender is not None and state.value in ("wait", "build"):
@@ -268,9 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(job, cluster)
     except EcRecError as exc:
         _LOG.error("%s: %s", type(exc).__name__, exc)
-        address = os.environ.get(ENV_STATUS_ADDRESS)
-        if address and cluster is not None:
-            StatusSender(address, cluster.task).send("error", error=f"{type(exc).__name__}: {exc}")
+        sender = _status_sender(cluster) if cluster is not None else None
+        if sender is not None:
+            sender.send("error", error=f"{type(exc).__name__}: {exc}")
         return 3
     return 0
 

@@ -261,14 +261,19 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _read_token(path: str) -> str:
+def read_token(path: str, flag: str = "--token-file") -> str:
+    """The shared secret in the token file `path` (given by `flag`).
+
+    Raises:
+      ConfigError: the file cannot be read, or is empty.
+    """
     try:
         with open(path, "r", encoding="utf-8") as handle:
             token = handle.read().strip()
     except OSError as exc:
-        raise ConfigError(f"--token-file {path!r} cannot be read ({exc})") from exc
+        raise ConfigError(f"{flag} {path!r} cannot be read ({exc}); source: {flag}") from exc
     if not token:
-        raise ConfigError(f"--token-file {path!r} is empty; rule: a non-empty token")
+        raise ConfigError(f"{flag} {path!r} is empty; rule: a non-empty token; source: {flag}")
     return token
 
 
@@ -279,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     membership: Optional[MembershipBackend] = None
     try:
-        token = _read_token(args.token_file) if args.token_file else None
+        token = read_token(args.token_file) if args.token_file else None
         if args.zk:
             from tf_ecrec.membership.zookeeper import ZooKeeperMembership  # kazoo is optional.
             membership = ZooKeeperMembership.from_url(args.zk)
