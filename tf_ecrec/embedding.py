@@ -44,10 +44,17 @@ EC_CONTEXT = "tf_ecrec_context"
 
 @dataclasses.dataclass(frozen=True)
 class ECContext:
-    """Defaults for tables built in this graph: the code and the PS count."""
+    """Defaults for tables built in this graph: the code, the PS count and the generation.
+
+    ``generation`` is the cluster version (TF_CONFIG ``version``) the graph is
+    built for; it goes into the top bits of every step id, and a PS whose
+    log was raised to a later generation refuses the steps of this graph
+    (`tf_ecrec.steplog`).
+    """
 
     ec: ECConfig
     num_ps: int
+    generation: int = 0
 
 
 def current_context(graph: tf.Graph | None = None) -> ECContext | None:

@@ -16,17 +16,20 @@ plain optimizer would silently lose its parity, so that is an error.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.config import ClusterConfig
 from tf_ecrec.device import layout_placement
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import EC_PROTECTION, ECOptimizer
-from tf_ecrec.recovery import Listener, RecoveryPlan, SettleAtEndHook, scaffold_for
+from tf_ecrec.recovery import Listener, RecoveryPlan, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
+from tf_ecrec.steplog import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 
@@ -53,7 +56,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ec, num_ps))
+        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ec, num_ps, _generation()))
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         with tf.compat.v1.device(layout_placement):
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
@@ -62,11 +65,21 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             plan = RecoveryPlan(optimizer, recovery_listener)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold),
-                training_chief_hooks=list(spec.training_chief_hooks) + [SettleAtEndHook(plan)],
+                training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],
             )
         return spec
 
     return wrapped
+
+
+def _generation() -> int:
+    """The cluster version the graph is built for (TF_CONFIG's ``version``, 0 without one)."""
+    if not os.environ.get("TF_CONFIG"):
+        return 0
+    try:
+        return min(ClusterConfig.from_environment().version, MAX_GENERATION)
+    except ConfigError:
+        return 0  # RunConfig validates TF_CONFIG itself
 
 
 def _check_protected() -> ECOptimizer:

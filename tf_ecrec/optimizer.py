@@ -188,8 +188,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         owner = {v.op.name: (c, p) for c in colls for p, v in c.data.items()}
         step = global_step
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
+        generation = current_context().generation if current_context() is not None else 0
         with tf.name_scope(name or self._name):
-            self._sid = steplog.new_step_id()
+            self._sid = steplog.new_step_id(generation)
             # Phase 1: every variable's update, each with its bitwise delta.
             applied = []
             for grad, var in pairs:
@@ -206,8 +207,14 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             # Phase 3: count the step.
             with tf.control_dependencies(after_fold):
                 counted = tf.group(*folds) if global_step is None else self._increment(global_step)
-            # Phase 4: commit it on every PS (its log entries are dropped).
+            # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
+            # their applies), then round 2 everywhere (tf_ecrec.steplog).
             with tf.control_dependencies([counted]):
+                round1 = [
+                    ec_ops.delta_log_commit_in_order(self.logs[p], self._sid, timeout_ms=steplog.ROUND1_TIMEOUT_MS)
+                    for p in sorted({device_task(a.device) for a in applied})
+                ]
+            with tf.control_dependencies(round1):
                 train_op = tf.group(
                     *[ec_ops.delta_log_commit(log, self._sid) for _, log in sorted(self.logs.items())],
                     name="ec_commit",
@@ -358,6 +365,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
             delta = self._apply_op(var, slots, values, indices, step, self._logged(p, tid))
+            with tf.control_dependencies([delta]):
+                seq = ec_ops.delta_log_seq_of(self._log(p), self._sid, tid)
 
         def fold() -> tf.Operation:
             updates = []
@@ -376,7 +385,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     with tf.device(ps_device(route.ps)):
                         updates.append(
                             ec_ops.parity_update(
-                                target, prow, sel_delta, coef=route.coef, **self._logged(route.ps, ptid, source=tid)
+                                target, prow, sel_delta, coef=route.coef,
+                                **self._logged(route.ps, ptid, source=tid, source_seq=seq),
                             )
                         )
             return tf.group(*updates) if updates else tf.group(delta)
@@ -397,13 +407,19 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
             delta = self._apply_op(var, slots, values, indices, step, self._logged(primary, tid))
+            with tf.control_dependencies([delta]):
+                seq = ec_ops.delta_log_seq_of(self._log(primary), self._sid, tid)
 
         def fold() -> tf.Operation:
             updates = []
             for replica, rep_tid in zip(replicas, rep_tids):
                 q = device_task(replica.device)
                 with tf.device(replica.device):
-                    updates.append(ec_ops.parity_update(replica, indices, delta, coef=1, **self._logged(q, rep_tid, source=tid)))
+                    updates.append(
+                        ec_ops.parity_update(
+                            replica, indices, delta, coef=1, **self._logged(q, rep_tid, source=tid, source_seq=seq)
+                        )
+                    )
             return tf.group(*updates)
 
         return _Applied(delta, var.device, fold)

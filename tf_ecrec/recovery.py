@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import codec
-from tf_ecrec.embedding import EmbeddingCollection, collections, device_task
+from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.steplog import Reconciler
@@ -99,6 +100,7 @@ class RecoveryPlan:
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None) -> None:
         self._opt = optimizer
         self._listener = listener
+        self._graph = tf.compat.v1.get_default_graph()
         self._colls: list[EmbeddingCollection] = [c for c in collections() if c.name in optimizer.parity]
         self.variables = list(tf.compat.v1.global_variables())
         self._by_name = {v.op.name: v for v in self.variables}
@@ -113,6 +115,7 @@ class RecoveryPlan:
                 self._assigns[v.op.name] = v.assign(ph, read_value=False)
             self._init_all = tf.compat.v1.global_variables_initializer()
         self.reconciler = Reconciler(optimizer.targets, optimizer.logs, optimizer.expected_folds)
+        self.settle_listener: Callable[[Any], None] | None = None
         self.protected_names = self._protected_names()
 
     # ---- graph pieces for the Scaffold ---------------------------------------------------------------------------
@@ -174,8 +177,12 @@ class RecoveryPlan:
         _LOG.warning("rebuilding %d variables of lost PS %s", len(missing), lost)
         reason = self._unrecoverable(missing, lost)
         if reason is None:
-            # Settle the steps the failure cut (undo or finish them) before decoding.
-            self.reconciler.reconcile(sess, [p for p in self.reconciler_ps() if p not in lost])
+            alive = [p for p in self.reconciler_ps() if p not in lost]
+            # Older trainers (a PS moved) may no longer write; then settle the steps the
+            # failure cut and roll the lost variables' parity back to their committed
+            # prefix (tf_ecrec.steplog) before decoding.
+            self._raise_generation(sess, alive)
+            self.reconciler.settle(sess, alive, lost)
             written = self._rebuild(sess, lost)
             result = RecoveryResult("parity", lost, len(written), int(sum(v.nbytes for v in written.values())))
             return self._done(result, started, sess)
@@ -207,6 +214,11 @@ class RecoveryPlan:
 
     def reconciler_ps(self) -> list[int]:
         return sorted(self._opt.logs)
+
+    def _raise_generation(self, sess: tf.compat.v1.Session, alive: Sequence[int]) -> None:
+        ctx = current_context(self._graph)
+        if ctx is not None and ctx.generation > 0:
+            self.reconciler.set_generation(sess, alive, ctx.generation)
 
     def settle(self, sess: tf.compat.v1.Session) -> None:
         """Settles steps left in the logs (e.g. of a worker that died mid-step); every PS must be up."""
@@ -380,6 +392,59 @@ class RecoveryPlan:
         if not new_values:
             return
         sess.run([self._assigns[n] for n in new_values], {self._feeds[n]: v for n, v in new_values.items()})
+
+
+class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
+    """On the chief: settles, in the background, the steps dead tasks left in the logs.
+
+    A step pending longer than `stale_secs` whose round-1 commit is not
+    waiting on an earlier step belongs to a task that died (a live step
+    takes milliseconds): the hook's thread fences and settles it within
+    about `stale_secs + interval_secs` of the death, while training goes on,
+    which releases the round-1 commits of later steps waiting behind it
+    (DESIGN.md invariant 9).  A live but slow step caught this way fails at
+    its commit and counts as failed.
+
+    Lifecycle: ``after_create_session`` starts the thread on the new session
+    (stopping the previous one), ``end`` stops it.  The thread only runs
+    session calls; a closed session or a PS that is down ends or skips a round.
+    """
+
+    def __init__(self, plan: RecoveryPlan, interval_secs: float = 1.0, stale_secs: float = 5.0) -> None:
+        if interval_secs <= 0 or stale_secs <= 0:
+            raise ValueError(f"interval_secs and stale_secs must be > 0, got {interval_secs}, {stale_secs}")
+        self._plan = plan
+        self._interval = interval_secs
+        self._stale = stale_secs
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:  # noqa: D102
+        self._stop_thread()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(session, self._stop), name="ec-stale-step-settler", daemon=True)
+        self._thread.start()
+
+    def end(self, session: tf.compat.v1.Session) -> None:  # noqa: D102
+        self._stop_thread()
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30.0)
+            self._thread = None
+
+    def _run(self, session: tf.compat.v1.Session, stop: threading.Event) -> None:
+        while not stop.wait(self._interval):
+            try:
+                report = self._plan.reconciler.settle_stale(session, self._plan.reconciler_ps(), self._stale)
+            except RuntimeError:
+                return  # the session was closed
+            except tf.errors.OpError as exc:
+                _LOG.debug("stale-step settlement skipped a round: %s", exc.message.splitlines()[0])
+                continue
+            if report is not None and self._plan.settle_listener is not None:
+                self._plan.settle_listener(report)
 
 
 class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):

@@ -1,32 +1,56 @@
-"""Steps that can be cut anywhere: delta logs, commit, and reconciliation (undo or finish).
+"""Steps that can be cut anywhere: delta logs, the two-round commit, and settlement.
 
-A training step of `ECOptimizer` touches several PS tasks: data applies,
-parity and replica folds, global-step increments.  A process can die between
-any two of them (invariant 4).  Every such update is therefore logged on its
-PS, atomically with the update, under the step's id (a fresh random 62-bit
-``sid`` per ``session.run``): the log entry holds exactly the bits XORed
-into the variable.  When the step's updates are all done, the step commits
-on every PS (its entries are dropped and its id remembered as committed).
+The protocol, its invariants and the case-by-case argument are in
+``docs/settlement.md``; this is the summary the code follows.
 
-`Reconciler.reconcile` settles every step still in a log, on the chief,
-before a lost PS is decoded (and at the end of training):
+A training step of `ECOptimizer` (one ``session.run``, one step id ``sid``
+whose top bits carry the trainer's cluster generation) makes these logged
+updates, each appended to its PS's delta log atomically with the write:
 
-1. fence the pending step ids on every surviving PS (a late update of a
-   fenced step fails and changes nothing), then read the logs again;
-2. a step committed on any PS did all its updates: it is just committed
-   everywhere;
-3. otherwise it is **undone** when every one of its entries can be (no
-   later committed update of the same variable): XOR every entry back, in
-   reverse log order, data, slots, parity, replicas and counters alike.  A
-   single-worker step cut anywhere is always undone, so a deterministic run
-   with a failure retries that step and ends with the bytes of a run without;
-4. else it is **finished**: the parity and replica folds its data updates
-   should have caused and did not are applied, and the global-step
-   increments are made consistent across the copies.  Surviving data keeps
-   the update; a lost data PS comes back with whatever its parity had folded.
-   Either way parity is again the exact code of the data (invariant 1), and
-   survivors only finish or undo the step in flight (invariant 2);
-5. commit the settled steps everywhere.
+1. **apply** on each data PS D: the optimizer's update of a variable and its
+   slots (kind APPLY; entries of one variable are in D's log in the order the
+   updates happened, their ``seq``);
+2. **fold** of each apply's bitwise delta into every parity or replica it
+   routes to (kind FOLD, tagged with the source variable and the source
+   apply's ``seq`` in D's log);
+3. **count**: +1 on the global step and its replicas (kind COUNTER);
+4. **commit, round 1** on every PS holding an apply of the step
+   (`delta_log_commit_in_order`): waits until no earlier apply of another step
+   on the same variable is still in the log, then drops the step's applies;
+5. **commit, round 2** on every PS (`delta_log_commit`), after round 1
+   everywhere: drops the rest and refuses a fenced step, so a step whose
+   ``session.run`` returned OK was never fenced.
+
+Round 1's order makes the applies committed on D a prefix (by seq) of D's
+applies of each variable, each folded into every parity: so every parity
+holds, for each variable of D, at least that prefix.  Round 2's ordering
+makes a fold committed on a parity PS imply round 1 on D.
+
+`Reconciler.settle` (the chief; one at a time per process) brings the logs to
+a state with nothing in flight:
+
+A. fence the pending steps on every surviving PS (their late writes and
+   commits fail; a fenced step is reported failed to its worker);
+B. for each variable of a lost PS, keep on every surviving parity exactly
+   the folds up to ``max_T``, the highest source seq any survivor knows to be
+   committed (a committed fold, or a fold of a step committed in round 2);
+   undo the folds above it.  Every surviving parity then holds the code of
+   the same prefix of the lost variable's updates, so any k chunks decode
+   the same valid state;
+C. settle each pending step on the survivors: a step committed somewhere (a
+   round-1 or round-2 commit happens only after all its updates) is only
+   committed; otherwise each apply is **undone** (its folds first, then the
+   apply, refused atomically if a later update of the variable exists) when
+   the step was not counted, else **finished** (the folds it is missing are
+   made with ``dedupe``: at most once, whoever runs them); a counted step's
+   missing counter increments are made the same way;
+D. commit the settled steps, round 1 then round 2, bypassing the fence.
+
+Every action of C and D is logged under the step's own sid or removes its
+entry, so running settlement again after a crash anywhere in it gives the
+same result.  `Reconciler.settle_stale` runs A, C and D for steps pending
+longer than a threshold, while training goes on, which bounds how long a
+dead task's step blocks the round-1 commits behind it.
 """
 
 from __future__ import annotations
@@ -34,7 +58,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,10 +69,24 @@ from tf_ecrec import ops as ec_ops
 
 _LOG = logging.getLogger(__name__)
 
+GENERATION_SHIFT = 48
+MAX_GENERATION = (1 << 14) - 1
+ROUND1_TIMEOUT_MS = 60_000
+"""How long a step's round-1 commit waits for an earlier step before failing (Aborted)."""
 
-def new_step_id() -> tf.Tensor:
-    """A fresh random step id per session.run (runs in the process that built the graph)."""
-    sid = tf.compat.v1.py_func(lambda: np.int64(secrets.randbits(62)), [], tf.int64, stateful=True, name="ec_step_id")
+
+def generation_of(sid: int) -> int:
+    return int(sid) >> GENERATION_SHIFT
+
+
+def new_step_id(generation: int = 0) -> tf.Tensor:
+    """A fresh random step id per session.run, ``generation`` in its top bits."""
+    if not 0 <= generation <= MAX_GENERATION:
+        raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
+    high = np.int64(generation) << np.int64(GENERATION_SHIFT)
+    sid = tf.compat.v1.py_func(
+        lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
+    )
     sid.set_shape([])
     return sid
 
@@ -64,6 +103,24 @@ class Target:
     ordered: bool = True
 
 
+ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
+
+
+@dataclasses.dataclass
+class SettleReport:
+    """What one settlement did (counts of steps, and of fold entries rolled back)."""
+
+    undone: int = 0
+    finished: int = 0
+    committed: int = 0
+    rolled_back: int = 0
+    undone_sids: list[int] = dataclasses.field(default_factory=list)
+    finished_sids: list[int] = dataclasses.field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
+
+
 class Reconciler:
     """Graph ops (built before finalize) and the procedure that settle pending steps.
 
@@ -74,109 +131,219 @@ class Reconciler:
         (parity/replica target id, rows, delta, coef) the data update folds into.
     """
 
-    def __init__(self, targets: dict[int, Target], logs: dict[int, tf.Tensor], expected_folds: Any) -> None:
+    def __init__(self, targets: dict[int, Target], logs: dict[int, tf.Tensor], expected_folds: ExpectedFolds) -> None:
         self.targets = targets
         self._expected = expected_folds
+        self._lock = threading.Lock()
         with tf.name_scope("ec_reconcile"):
             self._sids = tf.compat.v1.placeholder(tf.int64, [None], name="sids")
+            self._sid = tf.compat.v1.placeholder(tf.int64, [], name="sid")
             self._seq = tf.compat.v1.placeholder(tf.int64, [], name="seq")
+            self._source = tf.compat.v1.placeholder(tf.int32, [], name="source")
+            self._source_seq = tf.compat.v1.placeholder(tf.int64, [], name="source_seq")
             self._rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
             self._delta = tf.compat.v1.placeholder(tf.int32, [None, None], name="delta")
             self._coef = tf.compat.v1.placeholder(tf.int32, [], name="coef")
-            self._read, self._fence, self._commit = {}, {}, {}
+            self._generation = tf.compat.v1.placeholder(tf.int64, [], name="generation")
+            self._read, self._pending, self._fence, self._round1, self._round2, self._setgen = {}, {}, {}, {}, {}, {}
             for p, log in sorted(logs.items()):
                 with tf.device(log.device):
                     self._read[p] = ec_ops.delta_log_read(log)
+                    self._pending[p] = ec_ops.delta_log_pending(log)
                     self._fence[p] = ec_ops.delta_log_fence(log, self._sids)
-                    self._commit[p] = ec_ops.delta_log_commit(log, self._sids)
+                    self._round1[p] = ec_ops.delta_log_commit_in_order(log, self._sids, timeout_ms=ROUND1_TIMEOUT_MS, bypass_fence=True)
+                    self._round2[p] = ec_ops.delta_log_commit(log, self._sids, bypass_fence=True)
+                    self._setgen[p] = ec_ops.delta_log_set_generation(log, self._generation)
             self._undo, self._fold, self._add = {}, {}, {}
             for tid, t in sorted(targets.items()):
                 log = logs[t.ps]
                 with tf.device(log.device):
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq, tid, ordered=t.ordered)
                     if t.kind in ("parity", "replica"):
-                        self._fold[tid] = ec_ops.parity_update(t.variables[0], self._rows, self._delta, coef=self._coef)
+                        self._fold[tid] = ec_ops.parity_update(
+                            t.variables[0], self._rows, self._delta, coef=self._coef, log=log, sid=self._sid,
+                            target=tid, source=self._source, source_seq=self._source_seq, bypass_fence=True, dedupe=True,
+                        )
                     if t.kind == "counter":
-                        self._add[tid] = tf.compat.v1.assign_add(t.variables[0], tf.constant(1, t.variables[0].dtype.base_dtype))
+                        var = t.variables[0]
+                        self._add[tid] = ec_ops.assign_add_logged(
+                            var, tf.constant(1, var.dtype.base_dtype), log, self._sid, tid, source=t.source,
+                            bypass_fence=True, dedupe=True,
+                        )
 
-    def reconcile(self, sess: tf.compat.v1.Session, alive: Iterable[int]) -> dict[str, int]:
+    # ---- entry points ---------------------------------------------------------------------------
+
+    def reconcile(self, sess: tf.compat.v1.Session, alive: Iterable[int], lost: Iterable[int] = ()) -> dict[str, int]:
         """Settles every pending step on the surviving PS tasks; returns counts by action."""
+        return self.settle(sess, alive, lost).counts()
+
+    def settle(
+        self, sess: tf.compat.v1.Session, alive: Iterable[int], lost: Iterable[int] = (), only: Sequence[int] | None = None
+    ) -> SettleReport:
+        """Steps A-D of the module docstring on the `alive` PS tasks; `lost` PS tasks' variables
+        are about to be rebuilt from parity.  `only` restricts it to those steps (no lost PS)."""
+        with self._lock:
+            return self._settle(sess, sorted(p for p in alive if p in self._read), set(lost), only)
+
+    def settle_stale(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float) -> SettleReport | None:
+        """Settles the steps pending longer than `stale_secs` whose commit is not waiting on an
+        earlier step (a live step waits; a dead task's does not), with training going on."""
         alive = sorted(p for p in alive if p in self._read)
-        snaps = self._snapshots(sess, alive)
-        pending = sorted({e.sid for s in snaps.values() for e in s.entries})
-        if not pending:
-            return {"undone": 0, "finished": 0, "committed": 0}
-        for p in alive:
-            sess.run(self._fence[p], {self._sids: pending})
-        snaps = self._snapshots(sess, alive)
-        committed = {int(c) for s in snaps.values() for c in s.committed}
-        entries = [(p, e) for p, s in snaps.items() for e in s.entries]
-        done = {sid for sid in pending if sid in committed}
-        finish = self._must_finish(snaps, set(pending) - done)
-        undo = set(pending) - done - finish
-        for p in alive:
-            for e in sorted((e for q, e in entries if q == p and e.sid in undo), key=lambda e: -e.seq):
-                sess.run(self._undo[e.target], {self._seq: e.seq})
-        for sid in sorted(finish):
-            self._finish(sess, [(p, e) for p, e in entries if e.sid == sid], alive)
-        for p in alive:
-            sess.run(self._commit[p], {self._sids: pending})
-        counts = {"undone": len(undo), "finished": len(finish), "committed": len(done)}
-        _LOG.warning("settled %d steps in flight: %s", len(pending), counts)
-        return counts
+        values = sess.run({p: self._pending[p] for p in alive})
+        age: dict[int, float] = {}
+        waiting: set[int] = set()
+        for sids, ages, waits in values.values():
+            for s, a, w in zip(sids, ages, waits):
+                age[int(s)] = max(age.get(int(s), 0.0), float(a))
+                if w:
+                    waiting.add(int(s))
+        stale = sorted(s for s, a in age.items() if a >= stale_secs and s not in waiting)
+        if not stale:
+            return None
+        return self.settle(sess, alive, (), only=stale)
+
+    def set_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], generation: int) -> None:
+        """Raises the minimum generation on the alive logs (older trainers' writes then fail)."""
+        for p in sorted(alive):
+            if p in self._setgen:
+                sess.run(self._setgen[p], {self._generation: generation})
 
     def discard(self, sess: tf.compat.v1.Session, alive: Iterable[int]) -> int:
         """Fences and commits every pending step without acting on it (after a checkpoint restore
         rewrote every variable, the logged deltas describe a state that is gone)."""
-        alive = sorted(p for p in alive if p in self._read)
-        pending = sorted({e.sid for s in self._snapshots(sess, alive).values() for e in s.entries})
-        for p in alive:
+        with self._lock:
+            alive = sorted(p for p in alive if p in self._read)
+            pending = sorted({e.sid for s in self._snapshots(sess, alive).values() for e in s.entries})
             if pending:
-                sess.run(self._fence[p], {self._sids: pending})
-                sess.run(self._commit[p], {self._sids: pending})
-        return len(pending)
+                for p in alive:
+                    sess.run(self._fence[p], {self._sids: pending})
+                for p in alive:
+                    sess.run(self._round2[p], {self._sids: pending})
+            return len(pending)
+
+    # ---- the procedure ---------------------------------------------------------------------------
+
+    def _settle(self, sess: tf.compat.v1.Session, alive: list[int], lost: set[int], only: Sequence[int] | None) -> SettleReport:
+        report = SettleReport()
+        snaps = self._snapshots(sess, alive)
+        pending = sorted({e.sid for s in snaps.values() for e in s.entries})
+        if only is not None:
+            pending = sorted(set(pending) & set(only))
+        if not pending:
+            return report
+        # A. fence: from here on the logs hold these steps' entries for good.
+        for p in alive:
+            sess.run(self._fence[p], {self._sids: pending})
+        snaps = self._snapshots(sess, alive)
+        pending_set = set(pending)
+        round2 = {int(c) for s in snaps.values() for c in s.committed}
+        done = {sid for sid in pending if sid in round2 or any(s.is_data_committed(sid) for s in snaps.values())}
+        # B. folds of lost variables above the committed prefix are rolled back.
+        if lost:
+            report.rolled_back = self._roll_back_lost_sources(sess, snaps, lost, pending_set, round2)
+            snaps = self._snapshots(sess, alive)
+        # C. settle each step on the survivors.
+        entries = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid in pending_set]
+        for sid in pending:
+            if sid in done:
+                report.committed += 1
+                continue
+            mine = [(p, e) for p, e in entries if e.sid == sid]
+            if self._settle_step(sess, snaps, sid, mine, alive):
+                report.undone += 1
+                report.undone_sids.append(sid)
+            else:
+                report.finished += 1
+                report.finished_sids.append(sid)
+        # D. commit, round 1 then round 2.
+        for p in alive:
+            sess.run(self._round1[p], {self._sids: pending})
+        for p in alive:
+            sess.run(self._round2[p], {self._sids: pending})
+        _LOG.warning(
+            "settled %d steps in flight: %s, %d folds of lost variables rolled back",
+            len(pending), report.counts(), report.rolled_back,
+        )
+        return report
+
+    def _roll_back_lost_sources(
+        self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], lost: set[int],
+        pending: set[int], round2: set[int],
+    ) -> int:
+        lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
+        undone = 0
+        for source in sorted(lost_sources):
+            folds = [
+                (p, e) for p, s in snaps.items() for e in s.entries
+                if e.kind == ec_ops.FOLD and e.source == source and e.sid in pending
+            ]
+            top = max([s.settled_source.get(source, -1) for s in snaps.values()] or [-1])
+            for _, e in folds:
+                if e.sid in round2:
+                    top = max(top, e.source_seq)
+            for p, e in folds:
+                if e.source_seq > top:
+                    sess.run(self._undo[e.target], {self._seq: e.seq})
+                    undone += 1
+        return undone
+
+    def _settle_step(
+        self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], sid: int,
+        mine: list[tuple[int, ec_ops.DeltaLogEntry]], alive: list[int],
+    ) -> bool:
+        """Undoes or finishes one uncommitted step on the survivors; True if it was wholly undone."""
+        counted = any(e.kind == ec_ops.COUNTER for _, e in mine)
+        applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.APPLY), key=lambda pe: -pe[1].seq)
+        applied_sources = {e.target for _, e in applies}
+        all_undone = not counted
+        for p, e in applies:
+            folds = [(q, f) for q, f in mine if f.kind == ec_ops.FOLD and f.source == e.target]
+            if not counted and self._undoable(snaps[p], e) and self._undo_apply(sess, e, folds):
+                continue
+            all_undone = False
+            self._finish_apply(sess, sid, e, alive)
+        # Folds whose apply is gone from a surviving log without a commit: an undo cut
+        # between the apply and its folds (the folds are undone first, so this only
+        # happens if a crash hit between undoing folds of the same apply); undo them.
+        for q, f in mine:
+            if f.kind != ec_ops.FOLD or f.source in applied_sources:
+                continue
+            source = self.targets.get(f.source)
+            if source is not None and source.ps in alive:
+                sess.run(self._undo[f.target], {self._seq: f.seq})
+        if counted:
+            for tid, t in sorted(self.targets.items()):
+                if t.kind == "counter" and t.ps in alive:
+                    sess.run(self._add[tid], {self._sid: sid})
+        return all_undone
+
+    @staticmethod
+    def _undoable(snap: ec_ops.DeltaLogSnapshot, e: ec_ops.DeltaLogEntry) -> bool:
+        if not snap.undoable(e):
+            return False
+        return not any(o.target == e.target and o.seq > e.seq for o in snap.entries)
+
+    def _undo_apply(self, sess: tf.compat.v1.Session, e: ec_ops.DeltaLogEntry, folds: list[tuple[int, Any]]) -> bool:
+        for _, f in folds:
+            sess.run(self._undo[f.target], {self._seq: f.seq})
+        try:
+            sess.run(self._undo[e.target], {self._seq: e.seq})
+            return True
+        except tf.errors.FailedPreconditionError:
+            return False  # a later update of the variable came in meanwhile: finish instead
+
+    def _finish_apply(self, sess: tf.compat.v1.Session, sid: int, e: ec_ops.DeltaLogEntry, alive: list[int]) -> None:
+        for target, rows, delta, coef in self._expected(e.target, e.rows, e.delta):
+            if self.targets[target].ps not in alive:
+                continue  # a lost parity is re-encoded from the data anyway
+            sess.run(
+                self._fold[target],
+                {
+                    self._rows: rows, self._delta: delta, self._coef: coef, self._sid: sid,
+                    self._source: e.target, self._source_seq: e.seq,
+                },
+            )
 
     def _snapshots(self, sess: tf.compat.v1.Session, alive: list[int]) -> dict[int, ec_ops.DeltaLogSnapshot]:
         values = sess.run({p: self._read[p] for p in alive})
         return {p: ec_ops.parse_delta_log(list(v)) for p, v in values.items()}
-
-    def _must_finish(self, snaps: dict[int, Any], candidates: set[int]) -> set[int]:
-        """Steps that cannot be undone: an ordered entry with a later settled (or finished) update."""
-        finish: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for p, snap in snaps.items():
-                for e in snap.entries:
-                    if e.sid not in candidates or e.sid in finish or not self.targets[e.target].ordered:
-                        continue
-                    blocked = not snap.undoable(e) or any(
-                        later.target == e.target and later.seq > e.seq and (later.sid in finish or later.sid not in candidates)
-                        for later in snap.entries
-                    )
-                    if blocked:
-                        finish.add(e.sid)
-                        changed = True
-        return finish
-
-    def _finish(self, sess: tf.compat.v1.Session, entries: list[tuple[int, Any]], alive: list[int]) -> None:
-        folded: dict[tuple[int, int], set[int]] = {}
-        for _, e in entries:
-            if self.targets[e.target].kind in ("parity", "replica"):
-                folded.setdefault((e.target, e.source), set()).update(int(r) for r in e.rows)
-        for _, e in entries:
-            if self.targets[e.target].kind != "data":
-                continue
-            for target, rows, delta, coef in self._expected(e.target, e.rows, e.delta):
-                if self.targets[target].ps not in alive:
-                    continue  # a lost parity is re-encoded from the data anyway
-                done = folded.get((target, e.target), set())
-                keep = np.array([int(r) not in done for r in rows], dtype=bool)
-                if keep.any():
-                    sess.run(self._fold[target], {self._rows: rows[keep], self._delta: delta[keep], self._coef: coef})
-        counters = [t for t in self.targets.values() if t.kind == "counter" and t.ps in alive]
-        incremented = {e.target for _, e in entries if self.targets[e.target].kind == "counter"}
-        if incremented:
-            for t in counters:
-                if t.tid not in incremented:
-                    sess.run(self._add[t.tid])

@@ -112,8 +112,9 @@ def test_logged_apply_updates_like_unlogged_and_logs_exactly_the_xored_words(nam
             np.testing.assert_array_equal(d_logged, d_plain)
             for ours, theirs in zip(new, expected):
                 np.testing.assert_array_equal(_words(ours), _words(theirs))
-            entry = _read(sess, read).entries[-1]
-            assert (entry.seq, entry.sid, entry.target, entry.source) == (step, 1000 + step, 7, -1)
+            entries = _read(sess, read).entries
+            entry = entries[-1]
+            assert (entry.seq - entries[0].seq, entry.sid, entry.target, entry.source) == (step, 1000 + step, 7, -1)
             unique = np.unique(step_ids).astype(np.int64)
             np.testing.assert_array_equal(entry.rows, unique)
             np.testing.assert_array_equal(entry.delta, _row_words(old)[unique] ^ _row_words(new)[unique])
@@ -393,7 +394,8 @@ def test_commit_drops_the_entries_and_remembers_the_sid() -> None:
         snap = _read(sess, read)
         assert [e.sid for e in snap.entries] == [1, 1, 3, 3, 4, 4]
         assert list(snap.committed) == [2] and snap.is_committed(2) and not snap.is_committed(1)
-        assert snap.settled == of_two and sorted(of_two.values()) == [2, 3]
+        base = min(e.seq for e in snap.entries)  # sid 1's adds, seqs base and base + 1
+        assert snap.settled == of_two and sorted(v - base for v in of_two.values()) == [2, 3]
         sess.run(drop, {sids: [1, 3]})
         snap = _read(sess, read)
         assert [e.sid for e in snap.entries] == [4, 4] and list(snap.committed) == [2]
@@ -421,23 +423,24 @@ def test_ordered_undo_refuses_to_jump_a_later_update_and_changes_nothing() -> No
         init = V1.global_variables_initializer()
     with _session(graph) as sess:
         sess.run(init)
-        sess.run(add, {sid: 1, value: 5})  # seq 0
-        sess.run(add_other, {sid: 1, value: 5})  # seq 1, another target
-        sess.run(add, {sid: 2, value: 6})  # seq 2
-        with pytest.raises(tf.errors.FailedPreconditionError, match="later entry 2"):
-            sess.run(undo, {seq: 0, target: 0})
+        sess.run(add, {sid: 1, value: 5})  # seq s0
+        sess.run(add_other, {sid: 1, value: 5})  # seq s0 + 1, another target
+        sess.run(add, {sid: 2, value: 6})  # seq s0 + 2
+        s0 = _read(sess, read).entries[0].seq
+        with pytest.raises(tf.errors.FailedPreconditionError, match=f"later entry {s0 + 2}"):
+            sess.run(undo, {seq: s0, target: 0})
         with pytest.raises(tf.errors.InvalidArgumentError, match="target 1, not 0"):
-            sess.run(undo, {seq: 1, target: 0})
+            sess.run(undo, {seq: s0 + 1, target: 0})
         assert sess.run(counter) == 11 and len(_read(sess, read).entries) == 3
-        sess.run(commit, {sid: 2})  # seq 2 settles: its update stays
+        sess.run(commit, {sid: 2})  # seq s0 + 2 settles: its update stays
         snap = _read(sess, read)
         assert not snap.undoable(snap.entries[0])
         with pytest.raises(tf.errors.FailedPreconditionError, match="committed or dropped"):
-            sess.run(undo, {seq: 0, target: 0})
+            sess.run(undo, {seq: s0, target: 0})
         assert sess.run(counter) == 11
         # XOR-folded targets may be undone out of order: here that means the
         # caller takes responsibility (counter bits = 11 ^ (0 ^ 5)).
-        assert sess.run(undo_unordered, {seq: 0, target: 0})
+        assert sess.run(undo_unordered, {seq: s0, target: 0})
         assert sess.run(counter) == 11 ^ 5
 
 
@@ -461,7 +464,8 @@ def test_fence_and_commit_refuse_later_updates_of_the_step_unless_bypassed() -> 
         )
         add = ec_ops.assign_add_logged(counter, 1, log, sid, 2)
         fence = ec_ops.delta_log_fence(log, sids)
-        commit = ec_ops.delta_log_commit(log, sids)
+        commit = ec_ops.delta_log_commit(log, sids, bypass_fence=True)
+        worker_commit = ec_ops.delta_log_commit(log, sids)
         read = ec_ops.delta_log_read(log)
         init = V1.global_variables_initializer()
         with pytest.raises(ValueError, match="only meaningful"):
@@ -480,6 +484,9 @@ def test_fence_and_commit_refuse_later_updates_of_the_step_unless_bypassed() -> 
             np.testing.assert_array_equal(a, b)
         assert len(_read(sess, read).entries) == 1
         sess.run([apply, fold, add], {sid: 2})  # other steps go on
+        with pytest.raises(tf.errors.AbortedError, match="step 1 was fenced"):
+            sess.run(worker_commit, {sids: [1, 2]})  # a fenced step cannot commit; nothing changes
+        assert [e.sid for e in _read(sess, read).entries] == [1, 2, 2, 2]
         sess.run(finish, {sid: 1})  # recovery finishes step 1
         assert [e.sid for e in _read(sess, read).entries] == [1, 2, 2, 2, 1]
         sess.run(commit, {sids: [1, 2]})
@@ -620,7 +627,8 @@ def test_concurrent_logged_steps_append_atomically_in_application_order() -> Non
         snapshot = _read(sess, read)
         assert len(snapshot.entries) == 3 * threads * steps
         assert len(snapshot.sids()) == threads * steps
-        assert [e.seq for e in snapshot.entries] == list(range(3 * threads * steps))
+        first = snapshot.entries[0].seq
+        assert [e.seq - first for e in snapshot.entries] == list(range(3 * threads * steps))
 
         state_table, state_parity, state_counter = table0.copy(), parity0.copy(), np.int64(0)
         for entry in snapshot.entries:

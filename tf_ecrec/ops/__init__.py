@@ -87,6 +87,10 @@ __all__ = [
     "check_build_info",
     "delta_log",
     "delta_log_commit",
+    "delta_log_commit_in_order",
+    "delta_log_pending",
+    "delta_log_seq_of",
+    "delta_log_set_generation",
     "delta_log_drop",
     "delta_log_fence",
     "delta_log_read",
@@ -127,6 +131,10 @@ OP_NAMES = (
     "EcRec>AssignAddLogged",
     "EcRec>DeltaLogHandle",
     "EcRec>DeltaLogCommit",
+    "EcRec>DeltaLogCommitInOrder",
+    "EcRec>DeltaLogSetGeneration",
+    "EcRec>DeltaLogSeqOf",
+    "EcRec>DeltaLogPending",
     "EcRec>DeltaLogFence",
     "EcRec>DeltaLogDrop",
     "EcRec>DeltaLogRead",
@@ -302,7 +310,8 @@ def _log_inputs(
         "bypass_fence": bool(bypass_fence),
     }
     for key, value in source.items():
-        inputs[key] = tf.convert_to_tensor(value, dtype=tf.int32, name=key)
+        dtype = tf.int64 if key == "source_seq" else tf.int32
+        inputs[key] = tf.convert_to_tensor(value, dtype=dtype, name=key)
     return inputs
 
 
@@ -581,7 +590,9 @@ def parity_update(
     sid: Optional[IntLike] = None,
     target: Optional[IntLike] = None,
     source: IntLike = -1,
+    source_seq: IntLike = -1,
     bypass_fence: bool = False,
+    dedupe: bool = False,
 ) -> Optional[tf.Operation]:
     """Folds deltas into parity: ``parity[rows[i]] ^= coef * delta[i]``.
 
@@ -607,16 +618,25 @@ def parity_update(
         target: int32 id (>= 0) of ``parity`` (with ``log``).
         source: int32 id of the variable the delta came from, -1 for none
             (with ``log``).
+        source_seq: int64 seq of the source's apply entry in its own log
+            (:func:`delta_log_seq_of`), -1 for none (with ``log``).
         bypass_fence: Fold even if ``sid`` is fenced or committed in the log
             (recovery finishing a step); otherwise such a fold fails with
             ``tf.errors.AbortedError`` and changes nothing.
+        dedupe: Fold only the rows the log does not hold yet for
+            ``(sid, target, source)``, and nothing of a committed ``sid``
+            (recovery finishing a step: running it twice folds once).
 
     Returns:
         The op in graph mode; ``None`` when executing eagerly.
     """
     if field_bits not in (8, 16):
         raise ValueError(f"field_bits must be 8 or 16, got {field_bits!r}")
-    logged = _log_inputs(log, sid, target, bypass_fence, source=source)
+    logged = _log_inputs(log, sid, target, bypass_fence, source=source, source_seq=source_seq)
+    if logged is not None:
+        logged["dedupe"] = bool(dedupe)
+    elif dedupe:
+        raise ValueError("`dedupe` is only meaningful with `log`")
     op = _ops.ec_rec_parity_update if logged is None else _ops.ec_rec_parity_update_logged
     return op(
         **(logged or {}),
@@ -667,6 +687,7 @@ def assign_add_logged(
     source: IntLike = -1,
     name: Optional[str] = None,
     bypass_fence: bool = False,
+    dedupe: bool = False,
 ) -> Optional[tf.Operation]:
     """``var += value`` (integers wrap), logging ``bits(old) ^ bits(new)``.
 
@@ -684,6 +705,8 @@ def assign_add_logged(
         name: Op name.
         bypass_fence: Add even if ``sid`` is fenced or committed in the log;
             otherwise that fails with ``tf.errors.AbortedError``.
+        dedupe: Add nothing if the log holds an entry of ``(sid, target)``
+            or ``sid`` was committed here (recovery finishing a step).
 
     Returns:
         The op in graph mode; ``None`` when executing eagerly.
@@ -697,23 +720,80 @@ def assign_add_logged(
         var=handle,
         value=tf.convert_to_tensor(value, dtype=dtype, name="value"),
         **_log_inputs(log, sid, target, bypass_fence, source=source),
+        dedupe=bool(dedupe),
         name=name,
     )
 
 
-def delta_log_commit(log: tf.Tensor, sid: Union[IntLike, Sequence[int]], name: Optional[str] = None) -> Optional[tf.Operation]:
-    """Marks step(s) complete: drops their entries, remembers them as committed.
+def delta_log_commit(
+    log: tf.Tensor, sid: Union[IntLike, Sequence[int]], name: Optional[str] = None, bypass_fence: bool = False
+) -> Optional[tf.Operation]:
+    """Marks step(s) complete (round 2): drops their entries, remembers them as committed.
 
-    Run it on every log a step touched, after all the step's updates
-    (control dependencies). The log remembers the last
-    :data:`DELTA_LOG_COMMITTED_CAPACITY` committed ids.
+    Run it on every log a step touched, after round 1
+    (:func:`delta_log_commit_in_order` on the data PS tasks). The log
+    remembers the last :data:`DELTA_LOG_COMMITTED_CAPACITY` committed ids.
+    A fenced step, or one of an older generation than the log admits, is
+    refused with ``tf.errors.AbortedError`` (nothing changes) unless
+    ``bypass_fence`` (recovery's own commits).
 
     Args:
         log: A :func:`delta_log` handle.
         sid: int64 step id, or a vector of them.
         name: Op name.
+        bypass_fence: Commit even fenced steps.
     """
-    return _ops.ec_rec_delta_log_commit(log=_handle(log, "log"), sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"), name=name)
+    return _ops.ec_rec_delta_log_commit(
+        log=_handle(log, "log"), sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"), bypass_fence=bypass_fence, name=name
+    )
+
+
+def delta_log_commit_in_order(
+    log: tf.Tensor,
+    sid: Union[IntLike, Sequence[int]],
+    timeout_ms: int = 60000,
+    bypass_fence: bool = False,
+    name: Optional[str] = None,
+) -> Optional[tf.Operation]:
+    """Round 1 of a step's commit, on a data PS: waits for earlier steps, then commits the applies.
+
+    Waits (asynchronously, holding no thread) until no apply entry of
+    another step precedes one of ``sid`` on the same variable, then drops
+    ``sid``'s apply entries and remembers ``sid`` as data-committed. Fails
+    with ``tf.errors.AbortedError`` if ``sid`` is or gets fenced, or is of
+    an older generation (unless ``bypass_fence``), or after ``timeout_ms``
+    (0: at once, instead of waiting).
+    """
+    return _ops.ec_rec_delta_log_commit_in_order(
+        log=_handle(log, "log"),
+        sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"),
+        timeout_ms=int(timeout_ms),
+        bypass_fence=bypass_fence,
+        name=name,
+    )
+
+
+def delta_log_set_generation(log: tf.Tensor, generation: IntLike, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Raises the log's minimum generation: older steps' writes and commits then fail (Aborted)."""
+    return _ops.ec_rec_delta_log_set_generation(
+        log=_handle(log, "log"), generation=tf.convert_to_tensor(generation, dtype=tf.int64, name="generation"), name=name
+    )
+
+
+def delta_log_seq_of(log: tf.Tensor, sid: IntLike, target: IntLike, name: Optional[str] = None) -> tf.Tensor:
+    """The seq of the log's entry of ``(sid, target)``, -1 if none (int64 scalar)."""
+    return _ops.ec_rec_delta_log_seq_of(
+        log=_handle(log, "log"),
+        sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"),
+        target=tf.convert_to_tensor(target, dtype=tf.int32, name="target"),
+        name=name,
+    )
+
+
+def delta_log_pending(log: tf.Tensor, name: Optional[str] = None):
+    """The steps with entries in the log: ``sids`` (int64), ``age_secs`` (float32, of the
+    first entry) and ``waiting`` (bool: a round-1 commit of it is waiting)."""
+    return _ops.ec_rec_delta_log_pending(log=_handle(log, "log"), name=name)
 
 
 def delta_log_fence(log: tf.Tensor, sids: Union[IntLike, Sequence[int]], name: Optional[str] = None) -> Optional[tf.Operation]:
@@ -743,14 +823,19 @@ def delta_log_read(log: tf.Tensor, name: Optional[str] = None):
     """A consistent snapshot of the log, as tensors; see :func:`parse_delta_log`.
 
     Returns:
-        A namedtuple of 12 vectors: ``seq``, ``sid`` (int64 [m]), ``target``,
+        A namedtuple of 18 outputs: ``seq``, ``sid`` (int64 [m]), ``target``,
         ``source`` (int32 [m]), ``row_splits`` (int64 [m + 1]), ``rows``
         (int64), ``widths`` (int64 [m], words per row), ``deltas`` (int32,
         every entry's [n_i, widths[i]] delta flattened row-major, one after
         another), ``committed`` (int64, oldest first), ``settled_targets``
         (int32) and ``settled_seq`` (int64): per target, the highest seq of an
         entry removed by commit or drop while its update stayed in effect;
-        ``fenced`` (int64): fenced step ids not committed since, ascending.
+        ``fenced`` (int64): fenced step ids not committed since, ascending;
+        ``source_seq`` (int64 [m]), ``kinds`` (int32 [m]),
+        ``settled_sources``/``settled_source_seq`` (per source, the highest
+        source_seq of its folds committed or dropped here),
+        ``data_committed`` (int64, round-1 commits) and ``generation``
+        (int64 scalar).
     """
     return _ops.ec_rec_delta_log_read(log=_handle(log, "log"), name=name)
 
@@ -844,6 +929,10 @@ def as_words(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.int32).reshape(rows, width)
 
 
+APPLY, FOLD, COUNTER = 0, 1, 2
+"""Kinds of log entries: an optimizer's apply, a fold into parity or a replica, a counter add."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DeltaLogEntry:
     """One update recorded in a delta log.
@@ -855,6 +944,8 @@ class DeltaLogEntry:
         source: Id of the variable a folded delta came from, or -1.
         rows: int64 ``[n]``, distinct rows written, ascending.
         delta: int32 ``[n, width]``, the words XORed into each row.
+        source_seq: For a fold, the seq of its source apply entry; -1 else.
+        kind: :data:`APPLY`, :data:`FOLD` or :data:`COUNTER`.
     """
 
     seq: int
@@ -863,6 +954,8 @@ class DeltaLogEntry:
     source: int
     rows: np.ndarray
     delta: np.ndarray
+    source_seq: int = -1
+    kind: int = 0
 
     @property
     def width(self) -> int:
@@ -879,12 +972,19 @@ class DeltaLogSnapshot:
         settled: target -> highest seq of its entries that left the log by
             commit or drop with their update still in effect.
         fenced: Fenced step ids not committed since, ascending.
+        settled_source: source target -> highest source_seq of its folds
+            that left this log by commit or drop.
+        data_committed: Step ids committed by round 1 here, oldest first.
+        generation: The minimum generation the log admits.
     """
 
     entries: list[DeltaLogEntry]
     committed: np.ndarray
     settled: dict[int, int]
     fenced: np.ndarray
+    settled_source: dict[int, int] = dataclasses.field(default_factory=dict)
+    data_committed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros([0], np.int64))
+    generation: int = 0
 
     def sids(self) -> list[int]:
         """Step ids with entries, in the order of their first entry."""
@@ -894,7 +994,12 @@ class DeltaLogSnapshot:
         return [e for e in self.entries if e.sid == sid]
 
     def is_committed(self, sid: int) -> bool:
+        """Committed by round 2 here."""
         return bool(np.any(self.committed == sid))
+
+    def is_data_committed(self, sid: int) -> bool:
+        """Committed by round 1 here."""
+        return bool(np.any(self.data_committed == sid))
 
     def undoable(self, entry: DeltaLogEntry) -> bool:
         """Whether ``entry`` can be undone with ``ordered=True`` after every
@@ -904,11 +1009,12 @@ class DeltaLogSnapshot:
 
 def parse_delta_log(values: Sequence[np.ndarray]) -> DeltaLogSnapshot:
     """Parses the fetched outputs of :func:`delta_log_read` (in their order)."""
-    if len(values) != 12:
-        raise ValueError(f"expected the 12 outputs of delta_log_read, got {len(values)}")
-    seq, sid, target, source, splits, rows, widths, deltas, committed, settled_targets, settled_seq, fenced = (
-        np.asarray(v) for v in values
-    )
+    if len(values) != 18:
+        raise ValueError(f"expected the 18 outputs of delta_log_read, got {len(values)}")
+    (
+        seq, sid, target, source, splits, rows, widths, deltas, committed, settled_targets, settled_seq, fenced,
+        source_seq, kinds, settled_sources, settled_source_seq, data_committed, generation,
+    ) = (np.asarray(v) for v in values)
     entries = []
     offset = 0
     for i in range(seq.size):
@@ -917,8 +1023,16 @@ def parse_delta_log(values: Sequence[np.ndarray]) -> DeltaLogSnapshot:
         size = entry_rows.size * width
         delta = deltas[offset : offset + size].astype(np.int32).reshape(entry_rows.size, width)
         offset += size
-        entries.append(DeltaLogEntry(int(seq[i]), int(sid[i]), int(target[i]), int(source[i]), entry_rows, delta))
+        entries.append(
+            DeltaLogEntry(
+                int(seq[i]), int(sid[i]), int(target[i]), int(source[i]), entry_rows, delta, int(source_seq[i]), int(kinds[i])
+            )
+        )
     if offset != deltas.size:
         raise ValueError(f"delta_log_read outputs are inconsistent: {deltas.size} delta words, entries use {offset}")
     settled = {int(t): int(s) for t, s in zip(settled_targets, settled_seq)}
-    return DeltaLogSnapshot(entries, committed.astype(np.int64), settled, fenced.astype(np.int64))
+    settled_source = {int(t): int(s) for t, s in zip(settled_sources, settled_source_seq)}
+    return DeltaLogSnapshot(
+        entries, committed.astype(np.int64), settled, fenced.astype(np.int64),
+        settled_source, data_committed.astype(np.int64), int(generation),
+    )

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/env.h"
 
 namespace tensorflow {
 namespace ec_rec {
@@ -67,7 +68,15 @@ int64_t DeltaLog::MemoryUsed() const {
   return bytes_;
 }
 
+DeltaLog::DeltaLog()
+    : next_seq_(static_cast<int64_t>(Env::Default()->NowMicros()) << 10) {}
+
+DeltaLog::~DeltaLog() {
+  // Nothing can wait here: a waiter's timeout holds a reference.
+}
+
 int64_t DeltaLog::Append(Entry entry) {
+  entry.micros = static_cast<int64_t>(Env::Default()->NowMicros());
   mutex_lock lock(mu_);
   entry.seq = next_seq_++;
   bytes_ += EntryBytes(entry);
@@ -78,6 +87,12 @@ int64_t DeltaLog::Append(Entry entry) {
 Status DeltaLog::BeginWrite(int64_t sid, bool bypass) {
   mutex_lock lock(mu_);
   if (!bypass) {
+    if (GenerationOf(sid) < min_generation_) {
+      return errors::Aborted("step ", sid, " is of generation ",
+                             GenerationOf(sid), " but this PS admits ",
+                             min_generation_, " and later (the cluster "
+                             "changed); this update was not applied");
+    }
     if (fenced_.count(sid) != 0) {
       return errors::Aborted("step ", sid, " is fenced by recovery; this "
                              "update was not applied");
@@ -101,8 +116,14 @@ void DeltaLog::EndWrite(int64_t sid) {
 }
 
 void DeltaLog::Fence(const std::vector<int64_t>& sids) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    fenced_.insert(sids.begin(), sids.end());
+    WakeWaitersLocked(&done);
+  }
+  Finish(&done);
   mutex_lock lock(mu_);
-  fenced_.insert(sids.begin(), sids.end());
   auto busy = [&]() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int64_t sid : sids) {
       if (in_flight_.count(sid) != 0) return true;
@@ -112,13 +133,19 @@ void DeltaLog::Fence(const std::vector<int64_t>& sids) {
   while (busy()) writes_done_.wait(lock);
 }
 
-void DeltaLog::RemoveSettledLocked(const std::unordered_set<int64_t>& sids) {
+void DeltaLog::RemoveSettledLocked(const std::unordered_set<int64_t>& sids,
+                                   bool apply_only) {
   if (sids.empty()) return;
   auto keep = entries_.begin();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (sids.count(it->sid) != 0) {
+    if (sids.count(it->sid) != 0 && (!apply_only || it->kind == kApply)) {
       int64_t& settled = settled_.emplace(it->target, int64_t{-1}).first->second;
       settled = std::max(settled, it->seq);
+      if (it->kind == kFold && it->source >= 0) {
+        int64_t& source =
+            settled_source_.emplace(it->source, int64_t{-1}).first->second;
+        source = std::max(source, it->source_seq);
+      }
       bytes_ -= EntryBytes(*it);
       continue;
     }
@@ -128,23 +155,227 @@ void DeltaLog::RemoveSettledLocked(const std::unordered_set<int64_t>& sids) {
   entries_.erase(keep, entries_.end());
 }
 
-void DeltaLog::Commit(const std::vector<int64_t>& sids) {
-  mutex_lock lock(mu_);
-  RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+void DeltaLog::Remember(std::deque<int64_t>* ring,
+                        std::unordered_set<int64_t>* set, int64_t sid) {
+  if (!set->insert(sid).second) return;
+  ring->push_back(sid);
+  if (static_cast<int64_t>(ring->size()) > kCommittedCapacity) {
+    set->erase(ring->front());
+    ring->pop_front();
+  }
+}
+
+Status DeltaLog::RefusedLocked(const std::vector<int64_t>& sids) const {
   for (int64_t sid : sids) {
-    fenced_.erase(sid);
-    if (!committed_set_.insert(sid).second) continue;
-    committed_.push_back(sid);
-    if (static_cast<int64_t>(committed_.size()) > kCommittedCapacity) {
-      committed_set_.erase(committed_.front());
-      committed_.pop_front();
+    if (fenced_.count(sid) != 0) {
+      return errors::Aborted("step ", sid, " was fenced by recovery before "
+                             "it committed; recovery settles it and the step "
+                             "counts as failed");
+    }
+    if (GenerationOf(sid) < min_generation_) {
+      return errors::Aborted("step ", sid, " is of generation ",
+                             GenerationOf(sid), " but this PS admits ",
+                             min_generation_, " and later; it cannot commit");
+    }
+  }
+  return OkStatus();
+}
+
+Status DeltaLog::Commit(const std::vector<int64_t>& sids, bool bypass) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    if (!bypass) TF_RETURN_IF_ERROR(RefusedLocked(sids));
+    RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+    for (int64_t sid : sids) {
+      fenced_.erase(sid);
+      Remember(&committed_, &committed_set_, sid);
+    }
+    WakeWaitersLocked(&done);
+  }
+  Finish(&done);
+  return OkStatus();
+}
+
+void DeltaLog::Drop(const std::vector<int64_t>& sids) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+    WakeWaitersLocked(&done);
+  }
+  Finish(&done);
+}
+
+Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready) {
+  *ready = false;
+  if (!w.bypass) TF_RETURN_IF_ERROR(RefusedLocked(w.sids));
+  const std::unordered_set<int64_t> mine(w.sids.begin(), w.sids.end());
+  // target -> lowest seq of a kApply entry of `mine`
+  std::map<int32_t, int64_t> first;
+  for (const Entry& e : entries_) {
+    if (e.kind == kApply && mine.count(e.sid) != 0) {
+      first.emplace(e.target, e.seq);
+    }
+  }
+  for (const Entry& e : entries_) {
+    if (e.kind != kApply || mine.count(e.sid) != 0) continue;
+    auto it = first.find(e.target);
+    if (it != first.end() && e.seq < it->second) return OkStatus();  // wait
+  }
+  RemoveSettledLocked(mine, /*apply_only=*/true);
+  for (int64_t sid : w.sids) {
+    Remember(&data_committed_, &data_committed_set_, sid);
+  }
+  *ready = true;
+  return OkStatus();
+}
+
+void DeltaLog::WakeWaitersLocked(
+    std::vector<std::pair<std::function<void(const Status&)>, Status>>* done) {
+  // A commit can unblock another: repeat until nothing changes.
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      bool ready = false;
+      Status s = TryInOrderLocked(*it, &ready);
+      if (ready || !s.ok()) {
+        done->emplace_back(std::move(it->done), s);
+        it = waiters_.erase(it);
+        progress = progress || ready;
+      } else {
+        ++it;
+      }
     }
   }
 }
 
-void DeltaLog::Drop(const std::vector<int64_t>& sids) {
+void DeltaLog::Finish(
+    std::vector<std::pair<std::function<void(const Status&)>, Status>>* done) {
+  for (auto& [callback, status] : *done) callback(status);
+  done->clear();
+}
+
+void DeltaLog::CommitInOrder(std::vector<int64_t> sids, bool bypass,
+                             int64_t timeout_ms,
+                             std::function<void(const Status&)> done) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> finished;
+  int64_t id = -1;
+  {
+    mutex_lock lock(mu_);
+    Waiter w;
+    w.sids = std::move(sids);
+    w.bypass = bypass;
+    bool ready = false;
+    Status s = TryInOrderLocked(w, &ready);
+    if (ready) {
+      WakeWaitersLocked(&finished);
+    } else if (s.ok() && timeout_ms <= 0) {
+      s = errors::Aborted("step ", w.sids.empty() ? 0 : w.sids[0],
+                          " cannot commit yet: an earlier step's update of "
+                          "the same variable is not committed");
+    }
+    if (ready || !s.ok()) {
+      finished.emplace_back(std::move(done), s);
+    } else {
+      id = next_waiter_++;
+      w.id = id;
+      w.done = std::move(done);
+      waiters_.push_back(std::move(w));
+    }
+  }
+  Finish(&finished);
+  if (id < 0) return;
+  Ref();  // released by the timeout
+  Env::Default()->SchedClosureAfter(timeout_ms * 1000, [this, id]() {
+    TimeOut(id);
+    Unref();
+  });
+}
+
+void DeltaLog::TimeOut(int64_t waiter_id) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->id != waiter_id) continue;
+      done.emplace_back(
+          std::move(it->done),
+          errors::Aborted("step ", it->sids.empty() ? 0 : it->sids[0],
+                          " waited too long for an earlier step's update of "
+                          "the same variable to commit (a dead task's step "
+                          "not yet settled by the chief)"));
+      waiters_.erase(it);
+      break;
+    }
+  }
+  Finish(&done);
+}
+
+void DeltaLog::SetGeneration(int64_t generation) {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    min_generation_ = std::max(min_generation_, generation);
+    WakeWaitersLocked(&done);
+  }
+  Finish(&done);
+}
+
+void DeltaLog::FoldedRows(int64_t sid, int32_t target, int32_t source,
+                          std::unordered_set<int64_t>* rows,
+                          bool* settled) const {
   mutex_lock lock(mu_);
-  RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+  *settled = committed_set_.count(sid) != 0;
+  for (const Entry& e : entries_) {
+    if (e.sid == sid && e.target == target && e.source == source) {
+      rows->insert(e.rows.begin(), e.rows.end());
+    }
+  }
+}
+
+bool DeltaLog::HasEntryOrCommitted(int64_t sid, int32_t target) const {
+  mutex_lock lock(mu_);
+  if (committed_set_.count(sid) != 0 || data_committed_set_.count(sid) != 0) {
+    return true;
+  }
+  for (const Entry& e : entries_) {
+    if (e.sid == sid && e.target == target) return true;
+  }
+  return false;
+}
+
+int64_t DeltaLog::SeqOf(int64_t sid, int32_t target) const {
+  mutex_lock lock(mu_);
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->sid == sid && it->target == target) return it->seq;
+  }
+  return -1;
+}
+
+Status DeltaLog::Pending(OpKernelContext* ctx) const {
+  mutex_lock lock(mu_);
+  const int64_t now = static_cast<int64_t>(Env::Default()->NowMicros());
+  std::map<int64_t, int64_t> oldest;  // sid -> micros of its first entry
+  for (const Entry& e : entries_) oldest.emplace(e.sid, e.micros);
+  std::unordered_set<int64_t> waiting;
+  for (const Waiter& w : waiters_) waiting.insert(w.sids.begin(), w.sids.end());
+  const int64_t n = static_cast<int64_t>(oldest.size());
+  Tensor* sids = nullptr;
+  Tensor* ages = nullptr;
+  Tensor* waits = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({n}), &sids));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({n}), &ages));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({n}), &waits));
+  int64_t i = 0;
+  for (const auto& [sid, micros] : oldest) {
+    sids->vec<int64_t>()(i) = sid;
+    ages->vec<float>()(i) = static_cast<float>(now - micros) * 1e-6f;
+    waits->vec<bool>()(i) = waiting.count(sid) != 0;
+    ++i;
+  }
+  return OkStatus();
 }
 
 Status DeltaLog::Read(OpKernelContext* ctx) {
@@ -186,6 +417,40 @@ Status DeltaLog::Read(OpKernelContext* ctx) {
   TF_RETURN_IF_ERROR(ctx->allocate_output(10, TensorShape({t}), &settled_seq));
   TF_RETURN_IF_ERROR(ctx->allocate_output(
       11, TensorShape({static_cast<int64_t>(fenced_.size())}), &fenced));
+  Tensor* source_seq = nullptr;
+  Tensor* kinds = nullptr;
+  Tensor* settled_sources = nullptr;
+  Tensor* settled_source_seq = nullptr;
+  Tensor* data_committed = nullptr;
+  Tensor* generation = nullptr;
+  const int64_t ss = static_cast<int64_t>(settled_source_.size());
+  TF_RETURN_IF_ERROR(ctx->allocate_output(12, TensorShape({m}), &source_seq));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(13, TensorShape({m}), &kinds));
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(14, TensorShape({ss}), &settled_sources));
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(15, TensorShape({ss}), &settled_source_seq));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(
+      16, TensorShape({static_cast<int64_t>(data_committed_.size())}),
+      &data_committed));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(17, TensorShape({}), &generation));
+  {
+    int64_t j = 0;
+    for (const Entry& entry : entries_) {
+      source_seq->vec<int64_t>()(j) = entry.source_seq;
+      kinds->vec<int32>()(j) = static_cast<int32>(entry.kind);
+      ++j;
+    }
+    j = 0;
+    for (const auto& [source_target, seq_value] : settled_source_) {
+      settled_sources->vec<int32>()(j) = source_target;
+      settled_source_seq->vec<int64_t>()(j) = seq_value;
+      ++j;
+    }
+    j = 0;
+    for (int64_t d : data_committed_) data_committed->vec<int64_t>()(j++) = d;
+    generation->scalar<int64_t>()() = min_generation_;
+  }
   auto seq_v = seq->vec<int64_t>();
   auto sid_v = sid->vec<int64_t>();
   auto target_v = target->vec<int32>();
@@ -276,6 +541,15 @@ Status DeltaLog::Undo(int64_t seq, int32_t target, bool ordered,
   return OkStatus();
 }
 
+void DeltaLog::WakeAfterUndo() {
+  std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+  {
+    mutex_lock lock(mu_);
+    WakeWaitersLocked(&done);
+  }
+  Finish(&done);
+}
+
 Status ShareOrCopy(OpKernelContext* ctx, const Tensor& t, Tensor* out) {
   const TensorBuffer* buffer = DMAHelper::buffer(&t);
   if (t.NumElements() == 0 || buffer == nullptr || buffer->OwnsMemory()) {
@@ -298,9 +572,10 @@ Status LookupOrCreateDeltaLog(OpKernelContext* ctx, int input,
 }
 
 Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
-                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag) {
-  const char* names[] = {"sid", "target", "source"};
-  const int count = with_source ? 3 : 2;
+                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
+                     bool with_source_seq) {
+  const char* names[] = {"sid", "target", "source", "source_seq"};
+  const int count = with_source ? (with_source_seq ? 4 : 3) : 2;
   for (int k = 0; k < count; ++k) {
     const Tensor& t = ctx->input(first + 1 + k);
     if (!TensorShapeUtils::IsScalar(t.shape())) {
@@ -312,6 +587,8 @@ Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
   tag->sid = ctx->input(first + 1).scalar<int64_t>()();
   tag->target = ctx->input(first + 2).scalar<int32>()();
   tag->source = with_source ? ctx->input(first + 3).scalar<int32>()() : -1;
+  tag->source_seq =
+      with_source_seq ? ctx->input(first + 4).scalar<int64_t>()() : -1;
   if (tag->target < 0) {
     return errors::InvalidArgument("`target` must be >= 0, got ", tag->target);
   }

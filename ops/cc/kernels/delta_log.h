@@ -30,8 +30,28 @@
 // reverse seq order undoes them. Lock order: variable locks, then the log's
 // mutex; nothing takes a variable lock while holding the log's mutex.
 //
-// Committing a sid drops its entries and remembers the sid in a bounded ring
-// (the last kCommittedCapacity commits). Fencing a sid makes every later
+// Entries have a kind: kApply (an optimizer's update of a variable and its
+// slots, by a SparseApply*WithDeltaLogged op), kFold (a ParityUpdateLogged
+// fold of such an update into a parity or replica; `source` names the apply
+// target and `source_seq` the apply entry's seq in the data PS's log) and
+// kCounter (AssignAddLogged).
+//
+// A step commits in two rounds (the protocol is in tf_ecrec/steplog.py).
+// Round 1, CommitInOrder, runs on every data PS once all the step's updates
+// are done: it waits until no kApply entry of another step precedes one of
+// the step's on the same target, then drops the step's kApply entries and
+// remembers the sid in the data-committed ring. Round 2, Commit, runs on
+// every PS after round 1 everywhere: it drops the step's remaining entries
+// and remembers the sid in the committed ring (the last kCommittedCapacity
+// commits). A kFold entry dropped by Commit or Drop raises the source's
+// "settled source seq" to its source_seq: every apply of that source up to
+// it is then folded here for good.
+//
+// Generations: the top bits of a sid (bits 48..61) are the generation of
+// the cluster view the step's graph was built for. SetGeneration raises the
+// log's minimum; a write or commit of an older generation is refused
+// (Aborted), so a trainer still talking to a PS that has moved cannot change
+// this PS. Fencing a sid makes every later
 // logged op of it fail (Aborted, nothing written) and waits for those already
 // writing: after Fence returns, the sid's entries are final, whatever
 // stragglers of a dead worker's step still run. Committed sids are refused
@@ -66,11 +86,19 @@ class DeltaLog : public ResourceBase {
  public:
   static constexpr int64_t kCommittedCapacity = 65536;
 
+  static constexpr int kGenerationShift = 48;
+  static int64_t GenerationOf(int64_t sid) { return sid >> kGenerationShift; }
+
+  enum Kind : int32_t { kApply = 0, kFold = 1, kCounter = 2 };
+
   struct Entry {
     int64_t seq = -1;
     int64_t sid = 0;
     int32_t target = 0;
     int32_t source = -1;
+    int64_t source_seq = -1;
+    Kind kind = kApply;
+    int64_t micros = 0;  // when it was appended
     std::vector<int64_t> rows;  // as given; may repeat
     Tensor delta;               // int32 [rows.size(), width]; never written
     uint32_t coef = 1;
@@ -92,9 +120,23 @@ class DeltaLog : public ResourceBase {
     int64_t sid = 0;
     int32_t target = 0;
     int32_t source = -1;
+    int64_t source_seq = -1;
   };
 
-  DeltaLog() = default;
+  // A pending CommitInOrder.
+  struct Waiter {
+    int64_t id = 0;
+    std::vector<int64_t> sids;
+    bool bypass = false;
+    std::function<void(const Status&)> done;
+  };
+
+  // Seqs start at the creation time in microseconds times 1024, so that the
+  // log of a restarted PS numbers its entries above every seq its previous
+  // incarnation handed out (other logs remember those seqs as committed
+  // folds' source seqs).
+  DeltaLog();
+  ~DeltaLog() override;
 
   std::string DebugString() const override;
   int64_t MemoryUsed() const override;
@@ -112,8 +154,35 @@ class DeltaLog : public ResourceBase {
   // refused as committed).
   void Fence(const std::vector<int64_t>& sids);
 
-  // Drops the entries of `sids` and remembers the sids as committed.
-  void Commit(const std::vector<int64_t>& sids);
+  // Drops the entries of `sids` and remembers the sids as committed. Without
+  // `bypass`, refuses (Aborted, nothing changes) if one of them is fenced or
+  // of an older generation.
+  Status Commit(const std::vector<int64_t>& sids, bool bypass = true);
+
+  // Round 1 of a step's commit: once no kApply entry of a sid outside `sids`
+  // precedes a kApply entry of `sids` on the same target, drops the kApply
+  // entries of `sids` and remembers them as data-committed, then calls
+  // `done` (outside the log's mutex). Fails with Aborted if, meanwhile, a
+  // sid is fenced (unless `bypass`), or after `timeout_ms`.
+  void CommitInOrder(std::vector<int64_t> sids, bool bypass, int64_t timeout_ms,
+                     std::function<void(const Status&)> done);
+
+  // Raises the minimum generation of the sids this log admits.
+  void SetGeneration(int64_t generation);
+
+  // The rows of `target` folded from `source` under `sid`; `*settled` is
+  // true if `sid` was already committed here (nothing of it may be written).
+  void FoldedRows(int64_t sid, int32_t target, int32_t source,
+                  std::unordered_set<int64_t>* rows, bool* settled) const;
+
+  // Whether `sid` has an entry of `target`, or was committed here.
+  bool HasEntryOrCommitted(int64_t sid, int32_t target) const;
+
+  // The seq of the entry (sid, target), -1 if none.
+  int64_t SeqOf(int64_t sid, int32_t target) const;
+
+  // Writes the outputs of EcRec>DeltaLogPending.
+  Status Pending(OpKernelContext* ctx) const;
 
   // Drops the entries of `sids` (their updates stay in effect).
   void Drop(const std::vector<int64_t>& sids);
@@ -128,11 +197,30 @@ class DeltaLog : public ResourceBase {
   // entry in the log or a later settled one. `apply` must not touch the log.
   Status Undo(int64_t seq, int32_t target, bool ordered,
               const std::function<Status(const Words&)>& apply, bool* found);
+  // Lets waiting CommitInOrders re-check after an undo (call without locks).
+  void WakeAfterUndo();
 
  private:
-  // Removes the entries whose sid is in `sids`; records them as settled.
-  void RemoveSettledLocked(const std::unordered_set<int64_t>& sids)
+  // Removes the entries whose sid is in `sids` (only the kApply ones with
+  // `apply_only`); records them as settled.
+  void RemoveSettledLocked(const std::unordered_set<int64_t>& sids,
+                           bool apply_only = false)
       TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a sid of `sids` is fenced or of an older generation.
+  Status RefusedLocked(const std::vector<int64_t>& sids) const
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK and *ready when `w` may commit now; an error when it must fail.
+  Status TryInOrderLocked(const Waiter& w, bool* ready)
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits the waiters that may now; moves their callbacks to `*done`.
+  void WakeWaitersLocked(
+      std::vector<std::pair<std::function<void(const Status&)>, Status>>* done)
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TimeOut(int64_t waiter_id);
+  static void Finish(
+      std::vector<std::pair<std::function<void(const Status&)>, Status>>* done);
+  void Remember(std::deque<int64_t>* ring, std::unordered_set<int64_t>* set,
+                int64_t sid) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable mutex mu_;
   int64_t next_seq_ TF_GUARDED_BY(mu_) = 0;
@@ -140,7 +228,13 @@ class DeltaLog : public ResourceBase {
   std::deque<Entry> entries_ TF_GUARDED_BY(mu_);
   std::deque<int64_t> committed_ TF_GUARDED_BY(mu_);
   std::unordered_set<int64_t> committed_set_ TF_GUARDED_BY(mu_);
+  std::deque<int64_t> data_committed_ TF_GUARDED_BY(mu_);
+  std::unordered_set<int64_t> data_committed_set_ TF_GUARDED_BY(mu_);
   std::map<int32_t, int64_t> settled_ TF_GUARDED_BY(mu_);
+  std::map<int32_t, int64_t> settled_source_ TF_GUARDED_BY(mu_);
+  int64_t min_generation_ TF_GUARDED_BY(mu_) = 0;
+  int64_t next_waiter_ TF_GUARDED_BY(mu_) = 0;
+  std::vector<Waiter> waiters_ TF_GUARDED_BY(mu_);
   std::unordered_set<int64_t> fenced_ TF_GUARDED_BY(mu_);
   std::map<int64_t, int> in_flight_ TF_GUARDED_BY(mu_);
   condition_variable writes_done_;
@@ -155,6 +249,7 @@ class LogWrite {
   ~LogWrite() {
     if (log_ != nullptr) log_->EndWrite(sid_);
   }
+  bool active() const { return log_ != nullptr; }
   Status Begin(DeltaLog* log, int64_t sid, bool bypass) {
     TF_RETURN_IF_ERROR(log->BeginWrite(sid, bypass));
     log_ = log;
@@ -184,9 +279,11 @@ inline Status ReadBypassFence(OpKernelConstruction* ctx, bool* bypass) {
 
 // Reads the log handle at `first`, the int64 scalar sid at first + 1, the
 // int32 scalar target at first + 2 and, if `with_source`, the int32 scalar
-// source at first + 3; checks target >= 0 and source >= -1.
+// source at first + 3 and the int64 scalar source_seq at first + 4; checks
+// target >= 0 and source >= -1.
 Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
-                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag);
+                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
+                     bool with_source_seq = false);
 
 }  // namespace ec_rec
 }  // namespace tensorflow

@@ -120,7 +120,9 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogHandle").Device(DEVICE_CPU),
 
 class DeltaLogCommitOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit DeltaLogCommitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& sid = ctx->input(1);
     OP_REQUIRES(ctx, sid.dims() <= 1,
@@ -129,11 +131,101 @@ class DeltaLogCommitOp : public OpKernel {
                                         sid.shape().DebugString()));
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    log->Commit(SidsOf(sid));
+    OP_REQUIRES_OK(ctx, log->Commit(SidsOf(sid), bypass_fence_));
   }
+
+ private:
+  bool bypass_fence_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommit").Device(DEVICE_CPU),
                         DeltaLogCommitOp);
+
+// Round 1 of a step's commit; asynchronous, so that a step waiting for an
+// earlier one holds no thread of the PS.
+class DeltaLogCommitInOrderOp : public AsyncOpKernel {
+ public:
+  explicit DeltaLogCommitInOrderOp(OpKernelConstruction* ctx)
+      : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &timeout_ms_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& sid = ctx->input(1);
+    OP_REQUIRES_ASYNC(ctx, sid.dims() <= 1,
+                      errors::InvalidArgument("`sid` must be a scalar or a "
+                                              "vector, got shape ",
+                                              sid.shape().DebugString()),
+                      done);
+    core::RefCountPtr<DeltaLog> log;
+    OP_REQUIRES_OK_ASYNC(ctx, LookupOrCreateDeltaLog(ctx, 0, &log), done);
+    log->CommitInOrder(SidsOf(sid), bypass_fence_, timeout_ms_,
+                       [ctx, done](const Status& s) {
+                         ctx->SetStatus(s);
+                         done();
+                       });
+  }
+
+ private:
+  bool bypass_fence_ = false;
+  int64_t timeout_ms_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommitInOrder").Device(DEVICE_CPU),
+                        DeltaLogCommitInOrderOp);
+
+class DeltaLogSetGenerationOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& g = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(g.shape()),
+                errors::InvalidArgument("`generation` must be a scalar, got "
+                                        "shape ",
+                                        g.shape().DebugString()));
+    const int64_t generation = g.scalar<int64_t>()();
+    OP_REQUIRES(ctx, generation >= 0 && generation < (int64_t{1} << 14),
+                errors::InvalidArgument("`generation` must be in [0, 16384), "
+                                        "got ",
+                                        generation));
+    core::RefCountPtr<DeltaLog> log;
+    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    log->SetGeneration(generation);
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogSetGeneration").Device(DEVICE_CPU),
+                        DeltaLogSetGenerationOp);
+
+class DeltaLogSeqOfOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& sid = ctx->input(1);
+    const Tensor& target = ctx->input(2);
+    OP_REQUIRES(ctx,
+                TensorShapeUtils::IsScalar(sid.shape()) &&
+                    TensorShapeUtils::IsScalar(target.shape()),
+                errors::InvalidArgument("`sid` and `target` must be scalars"));
+    core::RefCountPtr<DeltaLog> log;
+    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() =
+        log->SeqOf(sid.scalar<int64_t>()(), target.scalar<int32>()());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogSeqOf").Device(DEVICE_CPU),
+                        DeltaLogSeqOfOp);
+
+class DeltaLogPendingOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<DeltaLog> log;
+    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    OP_REQUIRES_OK(ctx, log->Pending(ctx));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogPending").Device(DEVICE_CPU),
+                        DeltaLogPendingOp);
 
 class DeltaLogFenceOp : public OpKernel {
  public:
@@ -214,6 +306,7 @@ class DeltaLogUndoOp : public OpKernel {
                                             net.words.data(), net.width);
                        },
                        &found));
+    if (found) log->WakeAfterUndo();
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<bool>()() = found;
@@ -279,6 +372,7 @@ class AssignAddLoggedOp : public OpKernel {
  public:
   explicit AssignAddLoggedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -294,11 +388,14 @@ class AssignAddLoggedOp : public OpKernel {
                     "`value` has shape ", value.shape().DebugString(),
                     " but `var` has shape ", var->shape().DebugString(),
                     "; they must be equal"));
+    // With dedupe (recovery finishing a step), a step adds at most once.
+    if (dedupe_ && log->HasEntryOrCommitted(tag.sid, tag.target)) return;
     const WordTable table = WordsOf(var);
     DeltaLog::Entry entry;
     entry.sid = tag.sid;
     entry.target = tag.target;
     entry.source = tag.source;
+    entry.kind = DeltaLog::kCounter;
     entry.rows.resize(table.rows);
     for (int64_t r = 0; r < table.rows; ++r) entry.rows[r] = r;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(
@@ -335,6 +432,7 @@ class AssignAddLoggedOp : public OpKernel {
 
  private:
   bool bypass_fence_ = false;
+  bool dedupe_ = false;
 };
 
 #define EC_REC_REGISTER_ASSIGN_ADD(T)                                     \

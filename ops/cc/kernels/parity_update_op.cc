@@ -7,6 +7,8 @@
 #define EIGEN_USE_THREADS
 
 #include <cstdint>
+#include <cstring>
+#include <unordered_set>
 #include <vector>
 
 #include "ops/cc/kernels/delta_log.h"
@@ -23,7 +25,10 @@ namespace tensorflow {
 namespace ec_rec {
 namespace {
 
-// kLogged: four more inputs after the stock ones, (log, sid, target, source).
+// kLogged: five more inputs after the stock ones, (log, sid, target, source,
+// source_seq), and the `dedupe` attr: recovery finishing a step folds only
+// the rows its log does not already hold for (sid, target, source), and
+// nothing of a committed sid, checked and written under the parity's lock.
 template <typename Tindex, bool kLogged>
 class ParityUpdateOp : public OpKernel {
  public:
@@ -32,7 +37,10 @@ class ParityUpdateOp : public OpKernel {
     OP_REQUIRES(ctx, field_bits_ == 8 || field_bits_ == 16,
                 errors::InvalidArgument("`field_bits` must be 8 or 16, got ",
                                         field_bits_));
-    if (kLogged) OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    if (kLogged) {
+      OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -63,8 +71,9 @@ class ParityUpdateOp : public OpKernel {
     DeltaLog::Tag tag;
     Tensor logged_delta;
     if (kLogged) {
-      OP_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 4,
-                                        /*with_source=*/true, &log, &tag));
+      OP_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 5,
+                                        /*with_source=*/true, &log, &tag,
+                                        /*with_source_seq=*/true));
       OP_REQUIRES_OK(ctx, ShareOrCopy(ctx, delta, &logged_delta));
     }
 
@@ -81,6 +90,11 @@ class ParityUpdateOp : public OpKernel {
                                         " words but `parity` rows have ", width,
                                         "; they must be equal"));
 
+    if (kLogged && dedupe_) {
+      OP_REQUIRES_OK(ctx, FoldMissing(ctx, log.get(), tag, coef, rows, delta,
+                                      parity, width));
+      return;
+    }
     RowShards shards;
     OP_REQUIRES_OK(ctx, shards.Build<Tindex>(rows, parity->dim_size(0), "rows"));
     LogWrite write;  // the last check: from here on the op writes
@@ -124,12 +138,66 @@ class ParityUpdateOp : public OpKernel {
   }
 
  private:
+  // The dedupe path (recovery only: small, single-threaded), under the lock.
+  Status FoldMissing(OpKernelContext* ctx, DeltaLog* log,
+                     const DeltaLog::Tag& tag, int32 coef, const Tensor& rows,
+                     const Tensor& delta, Tensor* parity, int64_t width) const {
+    std::unordered_set<int64_t> done;
+    bool settled = false;
+    log->FoldedRows(tag.sid, tag.target, tag.source, &done, &settled);
+    if (settled) return OkStatus();
+    const auto flat = rows.flat<Tindex>();
+    const int64_t num_rows = parity->dim_size(0);
+    std::vector<int64_t> keep;
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      const int64_t row = static_cast<int64_t>(flat(i));
+      if (row < 0 || row >= num_rows) {
+        return errors::InvalidArgument("rows[", i, "] = ", row,
+                                       " is out of range [0, ", num_rows, ")");
+      }
+      if (done.count(row) == 0) keep.push_back(i);
+    }
+    if (keep.empty()) return OkStatus();
+    LogWrite write;
+    TF_RETURN_IF_ERROR(write.Begin(log, tag.sid, bypass_fence_));
+    DeltaLog::Entry entry;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        DT_INT32, TensorShape({static_cast<int64_t>(keep.size()), width}),
+        &entry.delta));
+    const int32_t* src = delta.matrix<int32>().data();
+    int32_t* copy = entry.delta.matrix<int32>().data();
+    int32_t* dst = parity->matrix<int32>().data();
+    const galois::WordScaler scale(field_bits_, static_cast<uint32_t>(coef));
+    for (size_t k = 0; k < keep.size(); ++k) {
+      const int64_t i = keep[k];
+      const int64_t row = static_cast<int64_t>(flat(i));
+      std::memcpy(copy + k * width, src + i * width, width * sizeof(int32_t));
+      if (coef == 1) {
+        XorWords(src + i * width, dst + row * width, width);
+      } else {
+        scale.XorScaled(src + i * width, dst + row * width, width);
+      }
+      entry.rows.push_back(row);
+    }
+    entry.sid = tag.sid;
+    entry.target = tag.target;
+    entry.source = tag.source;
+    entry.source_seq = tag.source_seq;
+    entry.kind = DeltaLog::kFold;
+    entry.coef = static_cast<uint32_t>(coef);
+    entry.field_bits = field_bits_;
+    log->Append(std::move(entry));
+    return OkStatus();
+  }
+
   void Log(DeltaLog* log, const DeltaLog::Tag& tag, int32 coef,
            RowShards* shards, const Tensor& delta) const {
     DeltaLog::Entry entry;
     entry.sid = tag.sid;
     entry.target = tag.target;
     entry.source = tag.source;
+    entry.source_seq = tag.source_seq;
+    entry.kind = DeltaLog::kFold;
     entry.rows = shards->ReleaseRows();
     entry.delta = delta;
     entry.coef = static_cast<uint32_t>(coef);
@@ -139,6 +207,7 @@ class ParityUpdateOp : public OpKernel {
 
   int field_bits_ = 16;
   bool bypass_fence_ = false;
+  bool dedupe_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdate")

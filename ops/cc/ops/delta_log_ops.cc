@@ -79,13 +79,73 @@ and shared_name on the same device names the same log, in any session.
 REGISTER_OP("EcRec>DeltaLogCommit")
     .Input("log: resource")
     .Input("sid: int64")
+    .Attr("bypass_fence: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return ScalarOrVector(c, 1); })
     .Doc(R"doc(
-Marks steps complete: drops every entry of `sid` and remembers `sid` as
-committed (the log keeps the last 65536 committed sids).
+Marks steps complete (round 2): drops every entry of `sid` and remembers
+`sid` as committed (the log keeps the last 65536 committed sids). Fails with
+Aborted, changing nothing, if a sid is fenced or of an older generation than
+the log admits, unless bypass_fence (recovery's own commits).
 
 sid: int64 scalar, or a vector of sids.
+)doc");
+
+REGISTER_OP("EcRec>DeltaLogCommitInOrder")
+    .Input("log: resource")
+    .Input("sid: int64")
+    .Attr("bypass_fence: bool = false")
+    .Attr("timeout_ms: int = 60000")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarOrVector(c, 1); })
+    .Doc(R"doc(
+Round 1 of a step's commit, on a data PS (asynchronous).
+
+Waits until no apply entry of another step precedes an apply entry of `sid`
+on the same target, then drops the apply entries of `sid` and remembers
+`sid` as data-committed. Fails with Aborted if a sid is (or gets) fenced or
+is of an older generation (unless bypass_fence), or after `timeout_ms`
+(0: fail at once instead of waiting).
+
+sid: int64 scalar, or a vector of sids committed together.
+)doc");
+
+REGISTER_OP("EcRec>DeltaLogSetGeneration")
+    .Input("log: resource")
+    .Input("generation: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Raises the log's minimum generation: later writes and commits of sids of an
+older generation (sid >> 48) fail with Aborted (unless bypass_fence).
+)doc");
+
+REGISTER_OP("EcRec>DeltaLogSeqOf")
+    .Input("log: resource")
+    .Input("sid: int64")
+    .Input("target: int32")
+    .Output("seq: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+The seq of the log's entry of (sid, target), -1 if there is none.
+)doc");
+
+REGISTER_OP("EcRec>DeltaLogPending")
+    .Input("log: resource")
+    .Output("sids: int64")
+    .Output("age_secs: float")
+    .Output("waiting: bool")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) {
+        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      }
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The steps with entries in the log: each sid, the age in seconds of its
+first entry, and whether a CommitInOrder of it is waiting.
 )doc");
 
 REGISTER_OP("EcRec>DeltaLogFence")
@@ -131,11 +191,18 @@ REGISTER_OP("EcRec>DeltaLogRead")
     .Output("settled_targets: int32")
     .Output("settled_seq: int64")
     .Output("fenced: int64")
+    .Output("source_seq: int64")
+    .Output("kinds: int32")
+    .Output("settled_sources: int32")
+    .Output("settled_source_seq: int64")
+    .Output("data_committed: int64")
+    .Output("generation: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < c->num_outputs(); ++i) {
+      for (int i = 0; i + 1 < c->num_outputs(); ++i) {
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       }
+      c->set_output(c->num_outputs() - 1, c->Scalar());
       return OkStatus();
     })
     .Doc(R"doc(
@@ -155,6 +222,12 @@ committed: int64 [c], the remembered committed sids, oldest first.
 settled_targets, settled_seq: [t]; the highest seq of an entry of each
   target that left the log by Commit or Drop.
 fenced: int64 [f], the fenced sids not committed since, ascending.
+source_seq: int64 [m], a fold's source apply seq (-1 for others).
+kinds: int32 [m], 0 apply, 1 fold, 2 counter.
+settled_sources, settled_source_seq: [s]; per source, the highest
+  source_seq of a fold that left the log by Commit or Drop.
+data_committed: int64 [d], sids committed by CommitInOrder, oldest first.
+generation: int64 scalar, the minimum generation admitted.
 )doc");
 
 REGISTER_OP("EcRec>DeltaLogUndo")
@@ -239,6 +312,7 @@ REGISTER_OP("EcRec>AssignAddLogged")
     .Input("source: int32")
     .Attr("dtype: {float, double, int32, int64}")
     .Attr("bypass_fence: bool = false")
+    .Attr("dedupe: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;

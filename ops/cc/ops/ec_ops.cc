@@ -476,12 +476,14 @@ REGISTER_OP("EcRec>ParityUpdateLogged")
     .Input("sid: int64")
     .Input("target: int32")
     .Input("source: int32")
+    .Input("source_seq: int64")
     .Attr("Tindices: {int32, int64} = DT_INT64")
     .Attr("field_bits: int = 16")
     .Attr("bypass_fence: bool = false")
+    .Attr("dedupe: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 4, 3, ParityUpdateShape);
+      return LoggedShape(c, 4, 4, ParityUpdateShape);
     })
     .Doc(R"doc(
 EcRec>ParityUpdate that also logs what it folded.
@@ -489,7 +491,13 @@ EcRec>ParityUpdate that also logs what it folded.
 Appends (sid, target, source, distinct parity rows ascending, for each the
 XOR of every coef * delta[i] folded into it: [rows, width]) to `log` under
 the parity variable's lock. `target` is the parity variable's id, `source`
-that of the data variable (group) the delta came from, or -1.
+that of the data variable (group) the delta came from, or -1, and
+`source_seq` the seq of the source's apply entry in its own log (from
+EcRec>DeltaLogSeqOf), or -1.
+
+With `dedupe` (recovery finishing a step), folds only the rows the log does
+not already hold for (sid, target, source), and nothing if `sid` was
+committed here: running the same finishing fold twice folds once.
 )doc");
 
 }  // namespace ec_rec
