@@ -118,10 +118,21 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         the code of `tf_ecrec.ec_model_fn`, else that of the graph's
         embedding collections.
       name: name prefix of the ops.
+      commit_timeout_ms: how long a step's round-1 commit waits behind an
+        earlier step's uncommitted update of the same variable (a dead
+        task's step, until the chief settles it) before the step fails with
+        ``AbortedError``; 0 fails at once.
     """
 
-    def __init__(self, optimizer: tf.compat.v1.train.Optimizer, ec: ECConfig | None = None, name: str = "ECOptimizer") -> None:
+    def __init__(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        ec: ECConfig | None = None,
+        name: str = "ECOptimizer",
+        commit_timeout_ms: int = steplog.ROUND1_TIMEOUT_MS,
+    ) -> None:
         super().__init__(use_locking=True, name=name)
+        self._commit_timeout_ms = int(commit_timeout_ms)
         self._base = optimizer
         self.rule = UpdateRule.of(optimizer)
         self._ec = ec
@@ -190,7 +201,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
         generation = current_context().generation if current_context() is not None else 0
         with tf.name_scope(name or self._name):
-            self._sid = steplog.new_step_id(generation)
+            # A feedable step id: tests drive a step one op at a time with their own ids.
+            self._sid = tf.compat.v1.placeholder_with_default(steplog.new_step_id(generation), [], name="sid")
             # Phase 1: every variable's update, each with its bitwise delta.
             applied = []
             for grad, var in pairs:
@@ -202,29 +214,52 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             after_apply = self._failpoints_after_apply(applied, step_value)
             # Phase 2: fold the deltas into parity and replicas.
             with tf.control_dependencies(after_apply):
-                folds = [fold() for fold in (a.fold for a in applied)]
+                fold_ops = {a.tid: a.fold() for a in applied}
+            folds = [tf.group(*ops) if ops else tf.group(a.delta) for a, ops in zip(applied, fold_ops.values())]
             after_fold = self._failpoints_after_fold(folds, step_value)
+            # Each later phase starts from a "gate" tensor that carries its
+            # predecessors as control dependencies; feeding the gate runs the
+            # phase alone (the fault-schedule harness drives steps that way).
             # Phase 3: count the step.
-            with tf.control_dependencies(after_fold):
-                counted = tf.group(*folds) if global_step is None else self._increment(global_step)
+            counts: dict[int, tf.Operation] = {}
+            count_gate = None
+            if global_step is None:
+                with tf.control_dependencies(after_fold):
+                    counted = tf.group(*folds)
+            else:
+                with tf.control_dependencies(after_fold):
+                    count_gate = tf.identity(tf.constant(1, global_step.dtype.base_dtype), name="count_gate")
+                counts = self._increment(global_step, count_gate)
+                counted = tf.group(*counts.values(), name="ec_global_step_increment")
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
             # their applies), then round 2 everywhere (tf_ecrec.steplog).
             with tf.control_dependencies([counted]):
-                round1 = [
-                    ec_ops.delta_log_commit_in_order(self.logs[p], self._sid, timeout_ms=steplog.ROUND1_TIMEOUT_MS)
-                    for p in sorted({device_task(a.device) for a in applied})
-                ]
-            with tf.control_dependencies(round1):
-                train_op = tf.group(
-                    *[ec_ops.delta_log_commit(log, self._sid) for _, log in sorted(self.logs.items())],
-                    name="ec_commit",
-                )
+                round1_gate = tf.identity(self._sid, name="round1_gate")
+            round1 = {
+                p: ec_ops.delta_log_commit_in_order(self.logs[p], round1_gate, timeout_ms=self._commit_timeout_ms)
+                for p in sorted({device_task(a.device) for a in applied})
+            }
+            with tf.control_dependencies(list(round1.values())):
+                round2_gate = tf.identity(self._sid, name="round2_gate")
+            round2 = {p: ec_ops.delta_log_commit(log, round2_gate) for p, log in sorted(self.logs.items())}
+            train_op = tf.group(*round2.values(), name="ec_commit")
         # The ops ending each phase, for tests that cut a step between phases.
         self.phases = {
             "apply": tf.group(*[a.delta for a in applied]),
             "fold": tf.group(*folds),
             "count": counted,
         }
+        self.program = StepProgram(
+            sid=self._sid,
+            applies={a.tid: (a.indices, a.delta, a.seq) for a in applied},
+            folds=fold_ops,
+            count_gate=count_gate,
+            counts=counts,
+            round1_gate=round1_gate,
+            round1=round1,
+            round2_gate=round2_gate,
+            round2=round2,
+        )
         tf.compat.v1.add_to_collection(EC_PROTECTION, self)
         return train_op
 
@@ -368,7 +403,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             with tf.control_dependencies([delta]):
                 seq = ec_ops.delta_log_seq_of(self._log(p), self._sid, tid)
 
-        def fold() -> tf.Operation:
+        def fold() -> list[tf.Operation]:
             updates = []
             with tf.device(var.device):
                 lc = indices // coll.chunk_rows
@@ -389,9 +424,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                                 **self._logged(route.ps, ptid, source=tid, source_seq=seq),
                             )
                         )
-            return tf.group(*updates) if updates else tf.group(delta)
+            return updates
 
-        return _Applied(delta, var.device, fold)
+        return _Applied(delta, var.device, fold, tid, seq, indices)
 
     # ---- replicated dense variables ------------------------------------------------------------------
 
@@ -410,7 +445,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             with tf.control_dependencies([delta]):
                 seq = ec_ops.delta_log_seq_of(self._log(primary), self._sid, tid)
 
-        def fold() -> tf.Operation:
+        def fold() -> list[tf.Operation]:
             updates = []
             for replica, rep_tid in zip(replicas, rep_tids):
                 q = device_task(replica.device)
@@ -420,9 +455,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                             replica, indices, delta, coef=1, **self._logged(q, rep_tid, source=tid, source_seq=seq)
                         )
                     )
-            return tf.group(*updates)
+            return updates
 
-        return _Applied(delta, var.device, fold)
+        return _Applied(delta, var.device, fold, tid, seq, indices)
 
     def _replicas_for(self, var: tf.Variable, slots: list[tf.Variable]) -> list[tf.Variable]:
         if var.op.name in self.replicas:
@@ -451,7 +486,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     # ---- the global step ------------------------------------------------------------------
 
-    def _increment(self, global_step: tf.Variable) -> tf.Operation:
+    def _increment(self, global_step: tf.Variable, one: tf.Tensor) -> dict[int, tf.Operation]:
         name = global_step.op.name
         if name not in self.replicas:
             num_ps = _num_ps(global_step)
@@ -470,15 +505,14 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     )
             self.replicas[name] = replicas
             self.protected[name] = global_step
-        one = tf.constant(1, global_step.dtype.base_dtype)
-        ops = []
+        ops = {}
         gs_tid = self._target(name, device_task(global_step.device), [global_step], "counter")
         for copy in [global_step, *self.replicas[name]]:
             q = device_task(copy.device)
             tid = self._target(copy.op.name, q, [copy], "counter", -1 if copy is global_step else gs_tid)
             with tf.device(copy.device):
-                ops.append(ec_ops.assign_add_logged(copy, one, **self._logged(q, tid)))
-        return tf.group(*ops, name="ec_global_step_increment")
+                ops[tid] = ec_ops.assign_add_logged(copy, one, **self._logged(q, tid))
+        return ops
 
     # ---- the delta op of the rule ------------------------------------------------------------------
 
@@ -511,7 +545,37 @@ class _Applied:
 
     delta: tf.Tensor
     device: str
-    fold: Callable[[], tf.Operation]
+    fold: Callable[[], list[tf.Operation]]
+    tid: int
+    seq: tf.Tensor
+    indices: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+    """A protected step's ops, phase by phase, each runnable alone by feeding its inputs.
+
+    Attributes:
+      sid: the step id (a placeholder with a fresh random default).
+      applies: data target id -> (row indices, delta, seq) of its apply.
+      folds: data target id -> its fold ops (inputs: that apply's indices,
+        delta and seq, fed to run a fold alone).
+      count_gate: the increment (1) the counter adds read; feed it to run a
+        count alone. None without a global step.
+      counts: counter target id -> its increment op.
+      round1_gate, round2_gate: the sid as the commit rounds read it.
+      round1, round2: PS task -> that round's commit op.
+    """
+
+    sid: tf.Tensor
+    applies: dict[int, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]
+    folds: dict[int, list[tf.Operation]]
+    count_gate: tf.Tensor | None
+    counts: dict[int, tf.Operation]
+    round1_gate: tf.Tensor
+    round1: dict[int, tf.Operation]
+    round2_gate: tf.Tensor
+    round2: dict[int, tf.Operation]
 
 
 def _read(variable: Any) -> tf.Tensor:

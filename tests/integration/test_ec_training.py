@@ -87,7 +87,7 @@ def _train_async(cluster, graph, ids, train, steps, seed):
                     hot = np.minimum(rng.zipf(1.3, 64) - 1, 999)
                     sess.run(train, {ids: np.stack([hot, rng.integers(0, 37, 64)], axis=1)})
         except Exception as exc:  # surfaced below
-            errors.append(exc)
+            errors.append(f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"[:400])
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(NUM_WORKERS)]
     for t in threads:

@@ -207,27 +207,57 @@ void DeltaLog::Drop(const std::vector<int64_t>& sids) {
   Finish(&done);
 }
 
-Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready) {
+Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready,
+                                  bool* progress) {
   *ready = false;
+  *progress = false;
   if (!w.bypass) TF_RETURN_IF_ERROR(RefusedLocked(w.sids));
   const std::unordered_set<int64_t> mine(w.sids.begin(), w.sids.end());
-  // target -> lowest seq of a kApply entry of `mine`
-  std::map<int32_t, int64_t> first;
+  // Per target, independently: the apply entries of `mine` on a target that
+  // no other step's apply precedes are committed now. Waiting per target
+  // (not per PS) keeps two steps that applied two variables of this PS in
+  // opposite orders from waiting on each other.
+  std::map<int32_t, int64_t> first_other;  // target -> lowest seq of others
+  std::map<int32_t, int64_t> first_mine;   // target -> lowest seq of mine
   for (const Entry& e : entries_) {
-    if (e.kind == kApply && mine.count(e.sid) != 0) {
-      first.emplace(e.target, e.seq);
+    if (e.kind != kApply) continue;
+    auto& first = mine.count(e.sid) != 0 ? first_mine : first_other;
+    first.emplace(e.target, e.seq);
+  }
+  std::unordered_set<int32_t> free_targets;
+  for (const auto& [target, seq] : first_mine) {
+    auto other = first_other.find(target);
+    if (other == first_other.end() || other->second > seq) {
+      free_targets.insert(target);
     }
   }
-  for (const Entry& e : entries_) {
-    if (e.kind != kApply || mine.count(e.sid) != 0) continue;
-    auto it = first.find(e.target);
-    if (it != first.end() && e.seq < it->second) return OkStatus();  // wait
+  if (!free_targets.empty()) {
+    // Round 1 runs after all of a step's updates: mark it at the first commit.
+    for (int64_t sid : w.sids) {
+      Remember(&data_committed_, &data_committed_set_, sid);
+    }
+    auto keep = entries_.begin();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->kind == kApply && mine.count(it->sid) != 0 &&
+          free_targets.count(it->target) != 0) {
+        int64_t& settled =
+            settled_.emplace(it->target, int64_t{-1}).first->second;
+        settled = std::max(settled, it->seq);
+        bytes_ -= EntryBytes(*it);
+        continue;
+      }
+      if (keep != it) *keep = std::move(*it);
+      ++keep;
+    }
+    entries_.erase(keep, entries_.end());
+    *progress = true;
   }
-  RemoveSettledLocked(mine, /*apply_only=*/true);
-  for (int64_t sid : w.sids) {
-    Remember(&data_committed_, &data_committed_set_, sid);
+  *ready = free_targets.size() == first_mine.size();
+  if (*ready) {
+    for (int64_t sid : w.sids) {
+      Remember(&data_committed_, &data_committed_set_, sid);
+    }
   }
-  *ready = true;
   return OkStatus();
 }
 
@@ -239,11 +269,12 @@ void DeltaLog::WakeWaitersLocked(
     progress = false;
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       bool ready = false;
-      Status s = TryInOrderLocked(*it, &ready);
+      bool moved = false;
+      Status s = TryInOrderLocked(*it, &ready, &moved);
+      progress = progress || moved;
       if (ready || !s.ok()) {
         done->emplace_back(std::move(it->done), s);
         it = waiters_.erase(it);
-        progress = progress || ready;
       } else {
         ++it;
       }
@@ -268,10 +299,10 @@ void DeltaLog::CommitInOrder(std::vector<int64_t> sids, bool bypass,
     w.sids = std::move(sids);
     w.bypass = bypass;
     bool ready = false;
-    Status s = TryInOrderLocked(w, &ready);
-    if (ready) {
-      WakeWaitersLocked(&finished);
-    } else if (s.ok() && timeout_ms <= 0) {
+    bool moved = false;
+    Status s = TryInOrderLocked(w, &ready, &moved);
+    if (moved) WakeWaitersLocked(&finished);
+    if (!ready && s.ok() && timeout_ms <= 0) {
       s = errors::Aborted("step ", w.sids.empty() ? 0 : w.sids[0],
                           " cannot commit yet: an earlier step's update of "
                           "the same variable is not committed");

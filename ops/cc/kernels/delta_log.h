@@ -209,8 +209,9 @@ class DeltaLog : public ResourceBase {
   // Whether a sid of `sids` is fenced or of an older generation.
   Status RefusedLocked(const std::vector<int64_t>& sids) const
       TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK and *ready when `w` may commit now; an error when it must fail.
-  Status TryInOrderLocked(const Waiter& w, bool* ready)
+  // Commits what of `w` may commit now (*progress if anything); *ready when
+  // all of it is committed; an error when it must fail.
+  Status TryInOrderLocked(const Waiter& w, bool* ready, bool* progress)
       TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits the waiters that may now; moves their callbacks to `*done`.
   void WakeWaitersLocked(
