@@ -132,7 +132,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         commit_timeout_ms: int = steplog.ROUND1_TIMEOUT_MS,
     ) -> None:
         super().__init__(use_locking=True, name=name)
-        self._commit_timeout_ms = int(commit_timeout_ms)
+        self.commit_timeout_ms = int(commit_timeout_ms)
         self._base = optimizer
         self.rule = UpdateRule.of(optimizer)
         self._ec = ec
@@ -236,7 +236,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             with tf.control_dependencies([counted]):
                 round1_gate = tf.identity(self._sid, name="round1_gate")
             round1 = {
-                p: ec_ops.delta_log_commit_in_order(self.logs[p], round1_gate, timeout_ms=self._commit_timeout_ms)
+                p: ec_ops.delta_log_commit_in_order(self.logs[p], round1_gate, timeout_ms=self.commit_timeout_ms)
                 for p in sorted({device_task(a.device) for a in applied})
             }
             with tf.control_dependencies(list(round1.values())):

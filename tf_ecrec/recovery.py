@@ -114,7 +114,9 @@ class RecoveryPlan:
                 self._feeds[v.op.name] = ph
                 self._assigns[v.op.name] = v.assign(ph, read_value=False)
             self._init_all = tf.compat.v1.global_variables_initializer()
-        self.reconciler = Reconciler(optimizer.targets, optimizer.logs, optimizer.expected_folds)
+        self.reconciler = Reconciler(
+            optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
+        )
         self.settle_listener: Callable[[Any], None] | None = None
         self.protected_names = self._protected_names()
 
@@ -184,6 +186,7 @@ class RecoveryPlan:
             self._raise_generation(sess, alive)
             self.reconciler.settle(sess, alive, lost)
             written = self._rebuild(sess, lost)
+            self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
             result = RecoveryResult("parity", lost, len(written), int(sum(v.nbytes for v in written.values())))
             return self._done(result, started, sess)
         if restore is None:
@@ -215,10 +218,13 @@ class RecoveryPlan:
     def reconciler_ps(self) -> list[int]:
         return sorted(self._opt.logs)
 
-    def _raise_generation(self, sess: tf.compat.v1.Session, alive: Sequence[int]) -> None:
+    def _graph_generation(self) -> int:
         ctx = current_context(self._graph)
-        if ctx is not None and ctx.generation > 0:
-            self.reconciler.set_generation(sess, alive, ctx.generation)
+        return ctx.generation if ctx is not None else 0
+
+    def _raise_generation(self, sess: tf.compat.v1.Session, alive: Sequence[int]) -> None:
+        if self._graph_generation() > 0:
+            self.reconciler.set_generation(sess, alive, self._graph_generation())
 
     def settle(self, sess: tf.compat.v1.Session) -> None:
         """Settles steps left in the logs (e.g. of a worker that died mid-step); every PS must be up."""

@@ -129,9 +129,15 @@ class Reconciler:
       logs: PS task -> delta log handle.
       expected_folds: function (data target id, rows, delta) -> list of
         (parity/replica target id, rows, delta, coef) the data update folds into.
+      commit_timeout_ms: how long settlement's round-1 commit waits behind an
+        earlier live step; if it runs out, round 2 is left for the next
+        settlement (the steps stay fenced and settled).
     """
 
-    def __init__(self, targets: dict[int, Target], logs: dict[int, tf.Tensor], expected_folds: ExpectedFolds) -> None:
+    def __init__(
+        self, targets: dict[int, Target], logs: dict[int, tf.Tensor], expected_folds: ExpectedFolds,
+        commit_timeout_ms: int = ROUND1_TIMEOUT_MS,
+    ) -> None:
         self.targets = targets
         self._expected = expected_folds
         self._lock = threading.Lock()
@@ -151,7 +157,7 @@ class Reconciler:
                     self._read[p] = ec_ops.delta_log_read(log)
                     self._pending[p] = ec_ops.delta_log_pending(log)
                     self._fence[p] = ec_ops.delta_log_fence(log, self._sids)
-                    self._round1[p] = ec_ops.delta_log_commit_in_order(log, self._sids, timeout_ms=ROUND1_TIMEOUT_MS, bypass_fence=True)
+                    self._round1[p] = ec_ops.delta_log_commit_in_order(log, self._sids, timeout_ms=commit_timeout_ms, bypass_fence=True)
                     self._round2[p] = ec_ops.delta_log_commit(log, self._sids, bypass_fence=True)
                     self._setgen[p] = ec_ops.delta_log_set_generation(log, self._generation)
             self._undo, self._fold, self._add = {}, {}, {}
@@ -208,6 +214,15 @@ class Reconciler:
             if p in self._setgen:
                 sess.run(self._setgen[p], {self._generation: generation})
 
+    def propagate_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], floor: int = 0) -> int:
+        """Raises every alive log to the highest generation any of them admits (at least
+        `floor`): a rebuilt PS starts with an empty log, and must refuse old trainers too."""
+        alive = sorted(p for p in alive if p in self._read)
+        top = max([floor] + [s.generation for s in self._snapshots(sess, alive).values()])
+        if top > 0:
+            self.set_generation(sess, alive, top)
+        return top
+
     def discard(self, sess: tf.compat.v1.Session, alive: Iterable[int]) -> int:
         """Fences and commits every pending step without acting on it (after a checkpoint restore
         rewrote every variable, the logged deltas describe a state that is gone)."""
@@ -255,9 +270,18 @@ class Reconciler:
             else:
                 report.finished += 1
                 report.finished_sids.append(sid)
-        # D. commit, round 1 then round 2.
+        # D. commit, round 1 then round 2 (never round 2 before round 1 is complete).
+        blocked = False
         for p in alive:
-            sess.run(self._round1[p], {self._sids: pending})
+            try:
+                sess.run(self._round1[p], {self._sids: pending})
+            except tf.errors.AbortedError as exc:
+                if "earlier step" not in exc.message:
+                    raise
+                blocked = True  # behind a live step's apply: the next settlement commits
+        if blocked:
+            _LOG.info("settled %d steps; their commit waits behind a live step", len(pending))
+            return report
         for p in alive:
             sess.run(self._round2[p], {self._sids: pending})
         _LOG.warning(

@@ -1,0 +1,444 @@
+"""A fault-schedule harness for the settlement protocol (docs/settlement.md), with an oracle.
+
+Real parts: an in-process TensorFlow PS cluster, the real graph of
+`tf_ecrec.ECOptimizer` and the real `RecoveryPlan` / `Reconciler`.  What is
+simulated is only *when* things happen: several asynchronous workers' steps
+are driven one op at a time (`ECOptimizer.program`: each phase runs alone by
+feeding its inputs), interleaved at random, and failures are injected
+between any two ops:
+
+* a worker dies (its step is abandoned wherever it was);
+* the chief settles dead workers' steps (the stale-step settlement), or
+  restarts (a full settlement that fences every step in flight);
+* one PS, or two at once, lose every variable and their delta log (the
+  resources are destroyed, as a restart at the same address does), then
+  the chief recovers, possibly crashing after any number of its session
+  calls, or losing another PS in the middle, and recovers again;
+* the cluster generation is raised (a PS moved): trainers still on the old
+  generation keep trying to train.
+
+The oracle: every apply's delta is recorded as it returns, so for each row
+of each protected variable (value and slots, as words) the harness knows the
+sequence of states real updates took it through.  After every settlement
+and recovery it checks that each row holds one of them (invariant ii: whole
+updates only), that no step whose commit returned OK lost its update
+(iii), that old-generation trainers changed nothing (vi), and, whenever no
+step is in flight, that every stripe's parity and every replica equals the
+code of the data bit for bit (i).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import tf_ecrec
+from tf_ecrec import ops as ec_ops
+from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
+from tf_ecrec.errors import RecoveryError
+from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.steplog import GENERATION_SHIFT
+from tf_ecrec.verify import check_parity
+
+TABLES = [("a", 48), ("b", 12)]
+DIM = 4
+BATCH = 8
+ACTION_TIMEOUT_MS = 20_000
+
+
+class InjectedCrash(Exception):
+    """The chief 'died' in the middle of a recovery."""
+
+
+class _CrashingSession:
+    """Passes `after` session calls through, then runs `on_crash` and raises InjectedCrash."""
+
+    def __init__(self, sess: tf.compat.v1.Session, after: int, on_crash: Callable[[], None] | None = None) -> None:
+        self._sess, self._left, self._on_crash = sess, after, on_crash
+
+    def run(self, fetches: Any, feed_dict: Any = None, **kwargs: Any) -> Any:
+        if self._left <= 0:
+            if self._on_crash is not None:
+                self._on_crash()
+            raise InjectedCrash()
+        self._left -= 1
+        return self._sess.run(fetches, feed_dict, **kwargs)
+
+
+class Rig:
+    """The graph of one sequence: model, optimizer, recovery plan, and per-PS destroy ops."""
+
+    def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad") -> None:
+        self.k, self.r, self.num_ps = k, r, num_ps
+        self.graph = tf.Graph()
+        with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
+            tf.compat.v1.set_random_seed(11)
+            step = tf.compat.v1.train.get_or_create_global_step()
+            self.step_name = step.op.name
+            tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(k, r), num_ps))
+            coll = tf_ecrec.EmbeddingCollection("h", TABLES, DIM)
+            self.ids = tf.compat.v1.placeholder(tf.int64, [None, len(TABLES)], name="ids")
+            emb = tf.reshape(coll.lookup_all(self.ids), [-1, DIM * len(TABLES)])
+            out = tf.keras.layers.Dense(1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer())(emb)
+            loss = tf.reduce_mean(tf.square(out - 1.0))
+            base = {
+                "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.2),
+                "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.2),
+                "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+            }[optimizer]()
+            self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
+            self.opt.minimize(loss, global_step=step)
+            self.plan = RecoveryPlan(self.opt)
+            self.init = tf.compat.v1.global_variables_initializer()
+            self.variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+            self.destroy = {}
+            for p in range(num_ps):
+                ops = [
+                    tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True)
+                    for v in self.variables.values() if device_task(v.device) == p
+                ]
+                with tf.device(self.opt.logs[p].device):
+                    ops.append(tf.raw_ops.DestroyResourceOp(resource=self.opt.logs[p], ignore_lookup_error=True))
+                self.destroy[p] = tf.group(*ops)
+            # Words of every apply target (var + slots), the rows the oracle follows.
+            self.data_targets = {tid: t for tid, t in self.opt.targets.items() if t.kind == "data"}
+            self.words = {
+                tid: tf.concat([tf.reshape(v.read_value(), [int(v.shape[0]), -1]) for v in t.variables], axis=1)
+                for tid, t in self.data_targets.items()
+            }
+        self.graph.finalize()
+        self.program = self.opt.program
+
+    def read_words(self, sess: tf.compat.v1.Session) -> dict[int, np.ndarray]:
+        values = sess.run(self.words)
+        return {tid: np.ascontiguousarray(v).view(np.int32) for tid, v in values.items()}
+
+
+class Oracle:
+    """Per row of each apply target: the states real updates took it through."""
+
+    def __init__(self, initial: dict[int, np.ndarray]) -> None:
+        # tid -> row -> list of (words, sid that produced it or 0)
+        self.history: dict[int, dict[int, list[tuple[np.ndarray, int]]]] = {
+            tid: {row: [(words[row].copy(), 0)] for row in range(words.shape[0])} for tid, words in initial.items()
+        }
+
+    def applied(self, tid: int, rows: np.ndarray, delta: np.ndarray, sid: int) -> None:
+        for i, row in enumerate(np.asarray(rows, dtype=np.int64)):
+            chain = self.history[tid][int(row)]
+            chain.append((chain[-1][0] ^ delta[i], sid))
+
+    def check(self, values: dict[int, np.ndarray], ok: set[int], where: str) -> list[str]:
+        """Each row must hold a state of its history, no later than every OK step's; truncates
+        each history at the state found (what comes after it was undone or rolled back)."""
+        problems = []
+        for tid, rows in self.history.items():
+            for row, chain in rows.items():
+                value = values[tid][row]
+                match = next((j for j in range(len(chain) - 1, -1, -1) if np.array_equal(chain[j][0], value)), None)
+                if match is None:
+                    problems.append(f"{where}: target {tid} row {row} holds a value no sequence of its updates produced")
+                    continue
+                lost_ok = [sid for _, sid in chain[match + 1 :] if sid in ok]
+                if lost_ok:
+                    problems.append(f"{where}: target {tid} row {row} lost the update of OK step {lost_ok[0]}")
+                del chain[match + 1 :]
+        return problems
+
+
+@dataclasses.dataclass
+class _Step:
+    sid: int
+    feed: dict
+    actions: list[tuple[str, Any]]
+    results: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Worker:
+    wid: int
+    generation: int
+    step: _Step | None = None
+    zombie: bool = False
+
+
+@dataclasses.dataclass
+class Stats:
+    """What a sequence (or a soak) did."""
+
+    sequences: int = 0
+    actions: int = 0
+    steps_ok: int = 0
+    steps_failed: int = 0
+    worker_kills: int = 0
+    ps_kills: int = 0
+    double_ps_kills: int = 0
+    chief_crashes: int = 0
+    second_failures: int = 0
+    chief_restarts: int = 0
+    stale_settlements: int = 0
+    generation_bumps: int = 0
+    zombie_writes_refused: int = 0
+    parity_checks: int = 0
+    unrecoverable: int = 0
+    violations: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, other: Stats) -> None:
+        for f in dataclasses.fields(self):
+            if f.name == "violations":
+                self.violations.extend(other.violations)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class Sequence:
+    """One seeded failure sequence on a fresh graph (the cluster's resources are reset first)."""
+
+    def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
+                 ticks: int = 800, optimizer: str = "adagrad") -> None:
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.target = target
+        self.rig = Rig(k, r, num_ps, optimizer)
+        self.ticks = ticks
+        self.workers = [_Worker(i, 0) for i in range(workers)]
+        self.next_wid = workers
+        self.generation = 0
+        self.ok: set[int] = set()
+        self.stats = Stats(sequences=1)
+        self.sess: tf.compat.v1.Session | None = None
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def run(self) -> Stats:
+        tf.compat.v1.Session.reset(self.target)
+        with tf.compat.v1.Session(self.target, graph=self.rig.graph) as sess:
+            self.sess = sess
+            sess.run(self.rig.init)
+            self.oracle = Oracle(self.rig.read_words(sess))
+            for _ in range(self.ticks):
+                if not self._tick():
+                    return self.stats
+            self._drain()
+            self._full_settle("end")
+        return self.stats
+
+    def _tick(self) -> bool:
+        events = (
+            ["advance"] * 500 + ["kill_worker"] * 3 + ["stale"] * 3 + ["chief_restart"] + ["kill_ps"] * 2
+            + ["generation"] + ["quiesce"]
+        )
+        event = events[self.rng.integers(len(events))]
+        if event == "advance":
+            self._advance(self.workers[self.rng.integers(len(self.workers))])
+        elif event == "kill_worker":
+            self._kill_worker()
+        elif event == "stale":
+            self._settle_dead()
+        elif event == "chief_restart":
+            self._full_settle("chief restart")
+        elif event == "kill_ps":
+            return self._kill_ps()
+        elif event == "generation":
+            self._bump_generation()
+        elif event == "quiesce":
+            self._drain()
+            self._full_settle("quiescent")
+        return True
+
+    # ---- worker steps ---------------------------------------------------------------------------
+
+    def _new_step(self, worker: _Worker) -> _Step:
+        sid = (worker.generation << GENERATION_SHIFT) | secrets.randbits(GENERATION_SHIFT)
+        hot = np.minimum(self.rng.zipf(1.5, (BATCH, len(TABLES))) - 1, [[n - 1 for _, n in TABLES]])
+        p = self.rig.program
+        applies = list(p.applies)
+        self.rng.shuffle(applies)
+        # Applies in random order, each fold somewhere after its own apply (as TF runs them).
+        order: list[tuple[str, Any]] = []
+        for tid in applies:
+            order.append(("apply", tid))
+        folds = [("fold", (tid, i)) for tid in p.folds for i in range(len(p.folds[tid]))]
+        for fold in folds:
+            first = next(j for j, a in enumerate(order) if a == ("apply", fold[1][0]))
+            order.insert(int(self.rng.integers(first + 1, len(order) + 1)), fold)
+        tail = [("count", tid) for tid in p.counts]
+        self.rng.shuffle(tail)
+        r1 = [("round1", q) for q in p.round1]
+        self.rng.shuffle(r1)
+        r2 = [("round2", q) for q in p.round2]
+        self.rng.shuffle(r2)
+        return _Step(sid, {self.rig.ids: hot, p.sid: sid}, order + tail + r1 + r2)
+
+    def _advance(self, worker: _Worker) -> None:
+        if worker.step is None:
+            worker.step = self._new_step(worker)
+        step = worker.step
+        kind, arg = step.actions[0]
+        p = self.rig.program
+        fetch: Any
+        feed = dict(step.feed)
+        if kind == "apply":
+            fetch = p.applies[arg]
+        elif kind == "fold":
+            tid, i = arg
+            indices, delta, seq = step.results[tid]
+            a_indices, a_delta, a_seq = p.applies[tid]
+            feed.update({a_indices: indices, a_delta: delta, a_seq: seq})
+            fetch = p.folds[tid][i]
+        elif kind == "count":
+            feed[p.count_gate] = 1
+            fetch = p.counts[arg]
+        elif kind == "round1":
+            feed[p.round1_gate] = step.sid
+            fetch = p.round1[arg]
+        else:
+            feed[p.round2_gate] = step.sid
+            fetch = p.round2[arg]
+        self.stats.actions += 1
+        try:
+            out = self.sess.run(fetch, feed, options=tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS))
+        except tf.errors.DeadlineExceededError:
+            self.stats.violations.append(f"seed {self.seed}: {kind} {arg} of a step hung")
+            worker.step = None
+            return
+        except tf.errors.AbortedError as exc:
+            if "cannot commit yet" in exc.message:
+                # Round 1 waits behind an earlier step: the step's round-1 ops on the other
+                # PS tasks run meanwhile (TF issues them together); try this one later.
+                r1 = [a for a in step.actions if a[0] == "round1"]
+                step.actions = r1[1:] + r1[:1] + [a for a in step.actions if a[0] != "round1"]
+                return
+            self.stats.steps_failed += 1
+            worker.step = None
+            if worker.zombie:  # refused: the trainer notices and rebuilds on the current cluster
+                self.stats.zombie_writes_refused += 1
+                worker.zombie = False
+                worker.generation = self.generation
+            return
+        if worker.zombie:
+            self.stats.violations.append(f"seed {self.seed}: a trainer of an older generation wrote ({kind})")
+        if kind == "apply":
+            step.results[arg] = out
+            self.oracle.applied(arg, out[0], out[1], step.sid)
+        step.actions.pop(0)
+        if not step.actions:
+            self.ok.add(step.sid)
+            self.stats.steps_ok += 1
+            worker.step = None
+
+    def _kill_worker(self) -> None:
+        i = int(self.rng.integers(len(self.workers)))
+        self.workers[i] = _Worker(self.next_wid, self.generation)
+        self.next_wid += 1
+        self.stats.worker_kills += 1
+
+    def _drain(self) -> None:
+        """Lets every live, current worker finish its step (settling dead ones' steps it waits on)."""
+        for _ in range(400):
+            busy = [w for w in self.workers if w.step is not None and not w.zombie]
+            if not busy:
+                break
+            for w in busy:
+                before = len(w.step.actions)
+                self._advance(w)
+                if w.step is not None and len(w.step.actions) == before:
+                    self._settle_dead()  # blocked behind a dead step
+        for w in self.workers:
+            if w.zombie:
+                w.step = None
+
+    # ---- the chief ---------------------------------------------------------------------------
+
+    def _live_sids(self) -> set[int]:
+        return {w.step.sid for w in self.workers if w.step is not None and not w.zombie}
+
+    def _settle_dead(self) -> None:
+        snaps = self.rig.plan.reconciler._snapshots(self.sess, list(range(self.rig.num_ps)))
+        pending = {e.sid for s in snaps.values() for e in s.entries}
+        dead = sorted(pending - self._live_sids())
+        if dead:
+            self.rig.plan.reconciler.settle(self.sess, range(self.rig.num_ps), only=dead)
+            self.stats.stale_settlements += 1
+            self._check("stale settlement")
+
+    def _full_settle(self, where: str) -> None:
+        self.rig.plan.prepare(self.sess, restore=None)  # nothing lost: a chief (re)start settles everything
+        self.stats.chief_restarts += where == "chief restart"
+        self._check(where)
+        self._check_parity(where)  # every step with a log entry was just settled
+
+    def _kill_ps(self) -> bool:
+        n = 2 if self.rig.r >= 2 and self.rng.random() < 0.4 else 1
+        lost = [int(p) for p in self.rng.choice(self.rig.num_ps, size=n, replace=False)]
+        for p in lost:
+            self.sess.run(self.rig.destroy[p])
+        self.stats.ps_kills += 1
+        self.stats.double_ps_kills += n == 2
+        for w in self.workers:  # every session fails when a PS dies
+            if w.step is not None:
+                self.stats.steps_failed += 1
+                w.step = None
+        attempts = 0
+        while True:
+            attempts += 1
+            sess: Any = self.sess
+            roll = self.rng.random()
+            if attempts < 4 and roll < 0.25:
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 12)))
+                self.stats.chief_crashes += 1
+            elif attempts < 4 and roll < 0.35:
+                other = int(self.rng.integers(self.rig.num_ps))
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 12)), lambda: self.sess.run(self.rig.destroy[other]))
+                self.stats.second_failures += 1
+            try:
+                self.rig.plan.prepare(sess, restore=None)
+                break
+            except InjectedCrash:
+                continue
+            except RecoveryError:
+                self.stats.unrecoverable += 1  # more lost than the code covers: refused loudly
+                return False
+        self._check("recovery")
+        self._check_parity("recovery")
+        return True
+
+    def _bump_generation(self) -> None:
+        self.generation += 1
+        self.rig.plan.reconciler.set_generation(self.sess, range(self.rig.num_ps), self.generation)
+        self.stats.generation_bumps += 1
+        for w in self.workers:
+            if self.rng.random() < 0.5:
+                w.zombie = True  # still on the old cluster view
+            else:
+                w.generation = self.generation  # rebuilt: its next step is of the new generation
+        # a zombie stays a zombie until it is replaced (killed and restarted)
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def _check(self, where: str) -> None:
+        values = self.rig.read_words(self.sess)
+        self.stats.violations.extend(f"seed {self.seed}: {p}" for p in self.oracle.check(values, self.ok, where))
+
+    def _check_parity(self, where: str) -> None:
+        values = self.sess.run(self.rig.variables)
+        result = check_parity(self.rig.opt.describe(), values)
+        self.stats.parity_checks += 1
+        if result["mismatches"] or result["replica_mismatches"]:
+            self.stats.violations.append(f"seed {self.seed}: {where}: parity check {result['mismatched'][:3]}")
+        name = self.rig.step_name
+        copies = [values[name]] + [values[rep.op.name] for rep in self.rig.opt.replicas[name]]
+        if any(int(c) != int(copies[0]) for c in copies):
+            self.stats.violations.append(f"seed {self.seed}: {where}: global step copies differ {copies}")
+
+
+def run_sequences(target: str, seeds: list[int], **kwargs: Any) -> Stats:
+    total = Stats()
+    for seed in seeds:
+        total.add(Sequence(target, seed, **kwargs).run())
+    return total
