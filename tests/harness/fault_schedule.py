@@ -73,7 +73,7 @@ class _CrashingSession:
 class Rig:
     """The graph of one sequence: model, optimizer, recovery plan, and per-PS destroy ops."""
 
-    def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad") -> None:
+    def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -94,6 +94,10 @@ class Rig:
             self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
             self.opt.minimize(loss, global_step=step)
             self.plan = RecoveryPlan(self.opt)
+            if reconciler_cls is not None:  # a deliberately broken protocol, to test the oracle
+                self.plan.reconciler = reconciler_cls(
+                    self.opt.targets, self.opt.logs, self.opt.expected_folds, commit_timeout_ms=0
+                )
             self.init = tf.compat.v1.global_variables_initializer()
             self.variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
             self.destroy = {}
@@ -200,11 +204,11 @@ class Sequence:
     """One seeded failure sequence on a fresh graph (the cluster's resources are reset first)."""
 
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
-                 ticks: int = 800, optimizer: str = "adagrad") -> None:
+                 ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None) -> None:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.target = target
-        self.rig = Rig(k, r, num_ps, optimizer)
+        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls)
         self.ticks = ticks
         self.workers = [_Worker(i, 0) for i in range(workers)]
         self.next_wid = workers
@@ -215,12 +219,16 @@ class Sequence:
 
     # ---- running ---------------------------------------------------------------------------
 
-    def run(self) -> Stats:
+    def start(self) -> tf.compat.v1.Session:
+        """A fresh session on reset servers, initialised, with the oracle's initial states."""
         tf.compat.v1.Session.reset(self.target)
-        with tf.compat.v1.Session(self.target, graph=self.rig.graph) as sess:
-            self.sess = sess
-            sess.run(self.rig.init)
-            self.oracle = Oracle(self.rig.read_words(sess))
+        self.sess = tf.compat.v1.Session(self.target, graph=self.rig.graph)
+        self.sess.run(self.rig.init)
+        self.oracle = Oracle(self.rig.read_words(self.sess))
+        return self.sess
+
+    def run(self) -> Stats:
+        with self.start():
             for _ in range(self.ticks):
                 if not self._tick():
                     return self.stats
@@ -373,9 +381,11 @@ class Sequence:
         self._check(where)
         self._check_parity(where)  # every step with a log entry was just settled
 
-    def _kill_ps(self) -> bool:
-        n = 2 if self.rig.r >= 2 and self.rng.random() < 0.4 else 1
-        lost = [int(p) for p in self.rng.choice(self.rig.num_ps, size=n, replace=False)]
+    def _kill_ps(self, lost: list[int] | None = None, scripted: bool = False) -> bool:
+        if lost is None:
+            n = 2 if self.rig.r >= 2 and self.rng.random() < 0.4 else 1
+            lost = [int(p) for p in self.rng.choice(self.rig.num_ps, size=n, replace=False)]
+        n = len(lost)
         for p in lost:
             self.sess.run(self.rig.destroy[p])
         self.stats.ps_kills += 1
@@ -388,7 +398,7 @@ class Sequence:
         while True:
             attempts += 1
             sess: Any = self.sess
-            roll = self.rng.random()
+            roll = 1.0 if scripted else self.rng.random()
             if attempts < 4 and roll < 0.25:
                 sess = _CrashingSession(self.sess, int(self.rng.integers(0, 12)))
                 self.stats.chief_crashes += 1
@@ -435,6 +445,37 @@ class Sequence:
         copies = [values[name]] + [values[rep.op.name] for rep in self.rig.opt.replicas[name]]
         if any(int(c) != int(copies[0]) for c in copies):
             self.stats.violations.append(f"seed {self.seed}: {where}: global step copies differ {copies}")
+
+
+    # ---- scripted use (regression tests) ---------------------------------------------------------
+
+    def run_until(self, worker: int, kind: str) -> None:
+        """Advances worker `worker` until its next action is of `kind` (or its step ends)."""
+        w = self.workers[worker]
+        if w.step is None:
+            w.step = self._new_step(w)
+        while w.step is not None and w.step.actions[0][0] != kind:
+            self._advance(w)
+
+    def finish_step(self, worker: int) -> bool:
+        """Runs worker `worker`'s step to its end; False if it failed or stays blocked."""
+        w = self.workers[worker]
+        if w.step is None:
+            w.step = self._new_step(w)
+        sid = w.step.sid
+        for _ in range(200):
+            if w.step is None:
+                return sid in self.ok
+            before = list(w.step.actions)
+            self._advance(w)
+            if w.step is not None and w.step.actions[0][0] == "round1" and sorted(w.step.actions) == sorted(before):
+                if all(a[0] != "round1" for a in before[1:]) or len([a for a in before if a[0] == "round1"]) == 1:
+                    return False
+        return False
+
+    def data_ps_of_rows(self) -> list[int]:
+        """PS tasks holding the collection's data variables."""
+        return sorted({t.ps for t in self.rig.data_targets.values() if t.variables[0].op.name.startswith("ec/")})
 
 
 def run_sequences(target: str, seeds: list[int], **kwargs: Any) -> Stats:

@@ -491,7 +491,7 @@ def test_fence_and_commit_refuse_later_updates_of_the_step_unless_bypassed() -> 
         assert [e.sid for e in _read(sess, read).entries] == [1, 2, 2, 2, 1]
         sess.run(commit, {sids: [1, 2]})
         snapshot = _read(sess, read)
-        assert list(snapshot.fenced) == [5] and list(snapshot.committed) == [1, 2] and snapshot.entries == []
+        assert list(snapshot.fenced) == [1, 5] and list(snapshot.committed) == [1, 2] and snapshot.entries == []
         with pytest.raises(tf.errors.AbortedError, match="step 2 is already committed"):
             sess.run(add, {sid: 2})
         assert sess.run(counter) == 1

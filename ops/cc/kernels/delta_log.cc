@@ -187,10 +187,9 @@ Status DeltaLog::Commit(const std::vector<int64_t>& sids, bool bypass) {
     mutex_lock lock(mu_);
     if (!bypass) TF_RETURN_IF_ERROR(RefusedLocked(sids));
     RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
-    for (int64_t sid : sids) {
-      fenced_.erase(sid);
-      Remember(&committed_, &committed_set_, sid);
-    }
+    // A fence stays: a step settled by recovery is reported failed to its
+    // trainer (its worker's commit is refused) even when it was kept.
+    for (int64_t sid : sids) Remember(&committed_, &committed_set_, sid);
     WakeWaitersLocked(&done);
   }
   Finish(&done);

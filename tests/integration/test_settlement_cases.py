@@ -1,0 +1,186 @@
+"""The exactness issue's cases 1-6, each scripted on the fault-schedule harness and checked by its oracle.
+
+Each case that corrupted the model under the earlier protocol (1, 2, 5) also
+runs against a reconciler with that protocol's gap put back (`_NoRollback`:
+parity keeps folds beyond the committed prefix of a lost variable) and must
+then report a violation: the script does reach the failure it names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness import fault_schedule  # noqa: E402
+from harness.fault_schedule import Sequence, _CrashingSession, InjectedCrash  # noqa: E402
+from integration.test_fault_schedule import _NoRollback  # noqa: E402
+from integration.tf_cluster import tf_cluster  # noqa: E402
+
+cluster = tf_cluster(num_ps=4)
+
+_RANK = {"apply": 0, "fold": 1, "count": 2, "round1": 3, "round2": 4}
+
+
+def _phased(seq: Sequence, worker: int) -> None:
+    """Gives `worker` a new step whose applies all come before its folds."""
+    w = seq.workers[worker]
+    w.step = seq._new_step(w)
+    w.step.actions.sort(key=lambda a: _RANK[a[0]])
+
+
+def _folds_into(seq: Sequence, worker: int, parity_ps: int) -> None:
+    """Runs `worker`'s folds whose op lives on `parity_ps` (its other folds stay undone)."""
+    w = seq.workers[worker]
+    p = seq.rig.program
+    keep = []
+    for kind, arg in w.step.actions:
+        if kind == "fold" and p.folds[arg[0]][arg[1]].device.endswith(f"task:{parity_ps}/device:CPU:0"):
+            w.step.actions = [(kind, arg)] + [a for a in w.step.actions if a != (kind, arg)]
+            seq._advance(w)
+        else:
+            keep.append((kind, arg))
+
+
+def _case1(seq: Sequence) -> None:
+    for _ in range(3):
+        assert seq.finish_step(0) and seq.finish_step(1)
+    _phased(seq, 0)
+    seq.run_until(0, "fold")  # worker 0 dies after its applies, before any fold
+    for _ in range(2):
+        assert not seq.finish_step(1)  # worker 1 trains the same rows; its commit waits behind 0's step
+    seq._kill_ps([0], scripted=True)  # the data PS worker 0 updated dies before anything settled
+
+
+def _case2(seq: Sequence) -> None:
+    for _ in range(3):
+        assert seq.finish_step(0) and seq.finish_step(1)
+    _phased(seq, 0)
+    seq.run_until(0, "fold")
+    _folds_into(seq, 0, parity_ps=2)  # folded into the parity on ps 2 only, then died
+    assert not seq.finish_step(1)  # overtaken on the same rows
+    seq._kill_ps([0], scripted=True)
+
+
+def _case5(seq: Sequence) -> None:
+    for _ in range(3):
+        assert seq.finish_step(0) and seq.finish_step(1)
+    _phased(seq, 0)
+    seq.run_until(0, "fold")  # S applies on D
+    _phased(seq, 1)
+    seq.run_until(1, "round1")  # C applies the same rows of D, folds, counts: it waits to commit
+    seq.run_until(0, "count")  # S folds into parity
+    seq._kill_ps([1], scripted=True)  # then D dies
+
+
+class _UndoUncountedFoldsOfLostSources(_NoRollback):
+    """The old rule for a lost data PS: undo the folds of steps not yet counted, keep the others."""
+
+    def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
+        sources = {t for t, tg in self.targets.items() if tg.kind == "data" and tg.ps in lost}
+        counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
+        n = 0
+        for s in snaps.values():
+            for e in s.entries:
+                if e.kind == 1 and e.source in sources and e.sid not in counted:
+                    sess.run(self._undo[e.target], {self._seq: e.seq})
+                    n += 1
+        return n
+
+
+# name -> (script, r, the earlier protocol's rule that corrupts it)
+CASES = {
+    "1-dead-worker-then-data-ps": (_case1, 1, _NoRollback),
+    "2-one-parity-reached": (_case2, 2, _NoRollback),
+    "5-undo-after-evidence-died": (_case5, 2, _UndoUncountedFoldsOfLostSources),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_rebuilds_only_states_whole_updates_produced(cluster, name):
+    script, r, _ = CASES[name]
+    seq = Sequence(cluster.target("chief"), 17, k=2, r=r, num_ps=2 + r, workers=2, ticks=0)
+    with seq.start():
+        script(seq)
+        seq._drain()
+        seq._full_settle("end")
+    assert seq.stats.violations == []
+    assert seq.stats.parity_checks >= 2
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_is_caught_when_the_protocol_has_the_old_gap(cluster, name):
+    script, r, broken = CASES[name]
+    found = []
+    for seed in (17, 18, 19):
+        seq = Sequence(cluster.target("chief"), seed, k=2, r=r, num_ps=2 + r, workers=2, ticks=0, reconciler_cls=broken)
+        with seq.start():
+            try:
+                script(seq)
+            except AssertionError:
+                continue
+        found.extend(seq.stats.violations)
+    assert found, f"case {name} did not show the corruption of {broken.__name__}"
+
+
+def test_case3_a_step_fenced_by_settlement_fails_at_commit_and_is_not_acknowledged(cluster):
+    seq = Sequence(cluster.target("chief"), 23, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        assert seq.finish_step(0)
+        seq.run_until(1, "round2")  # worker 1 is about to finish its commit when the chief (re)starts
+        sid = seq.workers[1].step.sid
+        seq._full_settle("chief restart")  # fences and settles worker 1's step
+        seq.finish_step(1)
+        assert sid not in seq.ok  # its session.run failed: its records are not acknowledged
+        seq._full_settle("end")
+    assert seq.stats.violations == []
+
+
+@pytest.mark.parametrize("crash_after", [0, 2, 4, 6, 9, 13])
+def test_case4_settlement_cut_anywhere_and_run_again_gives_the_same_result(cluster, crash_after):
+    seq = Sequence(cluster.target("chief"), 29, k=2, r=2, num_ps=4, workers=2, ticks=0)
+    with seq.start():
+        for _ in range(2):
+            assert seq.finish_step(0) and seq.finish_step(1)
+        _phased(seq, 0)
+        seq.run_until(0, "round1")  # counted, then died before committing: it must be finished
+        seq.workers[0].step = None
+        with pytest.raises(InjectedCrash):
+            seq.rig.plan.prepare(_CrashingSession(seq.sess, crash_after), restore=None)
+        seq.rig.plan.prepare(seq.sess, restore=None)
+        seq.rig.plan.prepare(seq.sess, restore=None)
+        seq._check("after reruns")
+        seq._check_parity("after reruns")
+        step = seq.sess.run(seq.rig.variables[seq.rig.step_name])
+    assert seq.stats.violations == []
+    assert step == 5  # four committed steps and the finished one, each counted once
+
+
+def test_case6_a_trainer_of_an_older_generation_changes_nothing(cluster):
+    seq = Sequence(cluster.target("chief"), 31, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        assert seq.finish_step(0) and seq.finish_step(1)
+        before = seq.sess.run(seq.rig.variables)
+        seq.rig.plan.reconciler.set_generation(seq.sess, range(3), 1)  # a PS moved: generation 1
+        seq.workers[0].zombie = True  # worker 0 still trains against the old cluster view
+        assert not seq.finish_step(0)
+        after = seq.sess.run(seq.rig.variables)
+        seq.workers[1].generation = 1
+        assert seq.finish_step(1)  # a trainer that followed the move trains on
+    assert seq.stats.zombie_writes_refused == 1 and seq.stats.violations == []
+    for name, value in before.items():
+        assert after[name].tobytes() == value.tobytes(), name
+
+
+def test_a_rebuilt_ps_refuses_old_generations_too(cluster):
+    seq = Sequence(cluster.target("chief"), 37, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        assert seq.finish_step(0)
+        seq.rig.plan.reconciler.set_generation(seq.sess, range(3), 2)
+        seq._kill_ps([1], scripted=True)
+        snaps = seq.rig.plan.reconciler._snapshots(seq.sess, [0, 1, 2])
+    assert [snaps[p].generation for p in range(3)] == [2, 2, 2]
