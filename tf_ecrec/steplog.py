@@ -318,7 +318,6 @@ class Reconciler:
         """Undoes or finishes one uncommitted step on the survivors; True if it was wholly undone."""
         counted = any(e.kind == ec_ops.COUNTER for _, e in mine)
         applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.APPLY), key=lambda pe: -pe[1].seq)
-        applied_sources = {e.target for _, e in applies}
         all_undone = not counted
         for p, e in applies:
             folds = [(q, f) for q, f in mine if f.kind == ec_ops.FOLD and f.source == e.target]
@@ -326,15 +325,6 @@ class Reconciler:
                 continue
             all_undone = False
             self._finish_apply(sess, sid, e, alive)
-        # Folds whose apply is gone from a surviving log without a commit: an undo cut
-        # between the apply and its folds (the folds are undone first, so this only
-        # happens if a crash hit between undoing folds of the same apply); undo them.
-        for q, f in mine:
-            if f.kind != ec_ops.FOLD or f.source in applied_sources:
-                continue
-            source = self.targets.get(f.source)
-            if source is not None and source.ps in alive:
-                sess.run(self._undo[f.target], {self._seq: f.seq})
         if counted:
             for tid, t in sorted(self.targets.items()):
                 if t.kind == "counter" and t.ps in alive:

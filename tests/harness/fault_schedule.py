@@ -463,19 +463,14 @@ class Sequence:
         if w.step is None:
             w.step = self._new_step(w)
         sid = w.step.sid
-        for _ in range(200):
-            if w.step is None:
-                return sid in self.ok
+        stuck = 0
+        while w.step is not None:
             before = list(w.step.actions)
             self._advance(w)
-            if w.step is not None and w.step.actions[0][0] == "round1" and sorted(w.step.actions) == sorted(before):
-                if all(a[0] != "round1" for a in before[1:]) or len([a for a in before if a[0] == "round1"]) == 1:
-                    return False
-        return False
-
-    def data_ps_of_rows(self) -> list[int]:
-        """PS tasks holding the collection's data variables."""
-        return sorted({t.ps for t in self.rig.data_targets.values() if t.variables[0].op.name.startswith("ec/")})
+            stuck = stuck + 1 if w.step is not None and sorted(w.step.actions) == sorted(before) else 0
+            if stuck > len(before):  # every round-1 op tried, none can commit yet
+                return False
+        return sid in self.ok
 
 
 def run_sequences(target: str, seeds: list[int], **kwargs: Any) -> Stats:

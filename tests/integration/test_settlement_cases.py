@@ -37,13 +37,10 @@ def _folds_into(seq: Sequence, worker: int, parity_ps: int) -> None:
     """Runs `worker`'s folds whose op lives on `parity_ps` (its other folds stay undone)."""
     w = seq.workers[worker]
     p = seq.rig.program
-    keep = []
-    for kind, arg in w.step.actions:
+    for kind, arg in list(w.step.actions):
         if kind == "fold" and p.folds[arg[0]][arg[1]].device.endswith(f"task:{parity_ps}/device:CPU:0"):
             w.step.actions = [(kind, arg)] + [a for a in w.step.actions if a != (kind, arg)]
             seq._advance(w)
-        else:
-            keep.append((kind, arg))
 
 
 def _case1(seq: Sequence) -> None:

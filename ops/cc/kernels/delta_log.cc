@@ -133,12 +133,11 @@ void DeltaLog::Fence(const std::vector<int64_t>& sids) {
   while (busy()) writes_done_.wait(lock);
 }
 
-void DeltaLog::RemoveSettledLocked(const std::unordered_set<int64_t>& sids,
-                                   bool apply_only) {
-  if (sids.empty()) return;
+void DeltaLog::RemoveSettledLocked(
+    const std::function<bool(const Entry&)>& settles) {
   auto keep = entries_.begin();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (sids.count(it->sid) != 0 && (!apply_only || it->kind == kApply)) {
+    if (settles(*it)) {
       int64_t& settled = settled_.emplace(it->target, int64_t{-1}).first->second;
       settled = std::max(settled, it->seq);
       if (it->kind == kFold && it->source >= 0) {
@@ -153,6 +152,12 @@ void DeltaLog::RemoveSettledLocked(const std::unordered_set<int64_t>& sids,
     ++keep;
   }
   entries_.erase(keep, entries_.end());
+}
+
+void DeltaLog::RemoveSidsLocked(const std::vector<int64_t>& sids) {
+  if (sids.empty()) return;
+  const std::unordered_set<int64_t> set(sids.begin(), sids.end());
+  RemoveSettledLocked([&](const Entry& e) { return set.count(e.sid) != 0; });
 }
 
 void DeltaLog::Remember(std::deque<int64_t>* ring,
@@ -186,7 +191,7 @@ Status DeltaLog::Commit(const std::vector<int64_t>& sids, bool bypass) {
   {
     mutex_lock lock(mu_);
     if (!bypass) TF_RETURN_IF_ERROR(RefusedLocked(sids));
-    RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+    RemoveSidsLocked(sids);
     // A fence stays: a step settled by recovery is reported failed to its
     // trainer (its worker's commit is refused) even when it was kept.
     for (int64_t sid : sids) Remember(&committed_, &committed_set_, sid);
@@ -200,7 +205,7 @@ void DeltaLog::Drop(const std::vector<int64_t>& sids) {
   std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
   {
     mutex_lock lock(mu_);
-    RemoveSettledLocked(std::unordered_set<int64_t>(sids.begin(), sids.end()));
+    RemoveSidsLocked(sids);
     WakeWaitersLocked(&done);
   }
   Finish(&done);
@@ -235,20 +240,10 @@ Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready,
     for (int64_t sid : w.sids) {
       Remember(&data_committed_, &data_committed_set_, sid);
     }
-    auto keep = entries_.begin();
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->kind == kApply && mine.count(it->sid) != 0 &&
-          free_targets.count(it->target) != 0) {
-        int64_t& settled =
-            settled_.emplace(it->target, int64_t{-1}).first->second;
-        settled = std::max(settled, it->seq);
-        bytes_ -= EntryBytes(*it);
-        continue;
-      }
-      if (keep != it) *keep = std::move(*it);
-      ++keep;
-    }
-    entries_.erase(keep, entries_.end());
+    RemoveSettledLocked([&](const Entry& e) {
+      return e.kind == kApply && mine.count(e.sid) != 0 &&
+             free_targets.count(e.target) != 0;
+    });
     *progress = true;
   }
   *ready = free_targets.size() == first_mine.size();

@@ -201,10 +201,12 @@ class DeltaLog : public ResourceBase {
   void WakeAfterUndo();
 
  private:
-  // Removes the entries whose sid is in `sids` (only the kApply ones with
-  // `apply_only`); records them as settled.
-  void RemoveSettledLocked(const std::unordered_set<int64_t>& sids,
-                           bool apply_only = false)
+  // Removes the entries `settles` picks, their updates staying in effect:
+  // records the highest settled seq per target (and per fold source).
+  void RemoveSettledLocked(const std::function<bool(const Entry&)>& settles)
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RemoveSettledLocked of every entry of `sids`.
+  void RemoveSidsLocked(const std::vector<int64_t>& sids)
       TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a sid of `sids` is fenced or of an older generation.
   Status RefusedLocked(const std::vector<int64_t>& sids) const

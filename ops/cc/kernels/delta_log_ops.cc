@@ -108,9 +108,19 @@ Status XorRowsInto(const std::vector<WordTable>& tables, int64_t width,
   return OkStatus();
 }
 
-std::vector<int64_t> SidsOf(const Tensor& t) {
+// The log at input 0 and the sids at input 1 (named `name`: a scalar or a
+// vector) of the commit, fence and drop ops.
+Status ReadLogAndSids(OpKernelContext* ctx, const char* name,
+                      core::RefCountPtr<DeltaLog>* log,
+                      std::vector<int64_t>* sids) {
+  const Tensor& t = ctx->input(1);
+  if (t.dims() > 1) {
+    return errors::InvalidArgument("`", name, "` must be a scalar or a vector, "
+                                   "got shape ", t.shape().DebugString());
+  }
   const auto flat = t.flat<int64_t>();
-  return std::vector<int64_t>(flat.data(), flat.data() + flat.size());
+  sids->assign(flat.data(), flat.data() + flat.size());
+  return LookupOrCreateDeltaLog(ctx, 0, log);
 }
 
 // --- the log ----------------------------------------------------------------
@@ -124,14 +134,10 @@ class DeltaLogCommitOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& sid = ctx->input(1);
-    OP_REQUIRES(ctx, sid.dims() <= 1,
-                errors::InvalidArgument("`sid` must be a scalar or a vector, "
-                                        "got shape ",
-                                        sid.shape().DebugString()));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, log->Commit(SidsOf(sid), bypass_fence_));
+    std::vector<int64_t> sids;
+    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sid", &log, &sids));
+    OP_REQUIRES_OK(ctx, log->Commit(sids, bypass_fence_));
   }
 
  private:
@@ -150,15 +156,10 @@ class DeltaLogCommitInOrderOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &timeout_ms_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor& sid = ctx->input(1);
-    OP_REQUIRES_ASYNC(ctx, sid.dims() <= 1,
-                      errors::InvalidArgument("`sid` must be a scalar or a "
-                                              "vector, got shape ",
-                                              sid.shape().DebugString()),
-                      done);
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK_ASYNC(ctx, LookupOrCreateDeltaLog(ctx, 0, &log), done);
-    log->CommitInOrder(SidsOf(sid), bypass_fence_, timeout_ms_,
+    std::vector<int64_t> sids;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadLogAndSids(ctx, "sid", &log, &sids), done);
+    log->CommitInOrder(std::move(sids), bypass_fence_, timeout_ms_,
                        [ctx, done](const Status& s) {
                          ctx->SetStatus(s);
                          done();
@@ -231,14 +232,10 @@ class DeltaLogFenceOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& sids = ctx->input(1);
-    OP_REQUIRES(ctx, sids.dims() <= 1,
-                errors::InvalidArgument("`sids` must be a scalar or a vector, "
-                                        "got shape ",
-                                        sids.shape().DebugString()));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    log->Fence(SidsOf(sids));
+    std::vector<int64_t> sids;
+    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
+    log->Fence(sids);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogFence").Device(DEVICE_CPU),
@@ -248,14 +245,10 @@ class DeltaLogDropOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& sids = ctx->input(1);
-    OP_REQUIRES(ctx, sids.dims() <= 1,
-                errors::InvalidArgument("`sids` must be a scalar or a vector, "
-                                        "got shape ",
-                                        sids.shape().DebugString()));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    log->Drop(SidsOf(sids));
+    std::vector<int64_t> sids;
+    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
+    log->Drop(sids);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogDrop").Device(DEVICE_CPU),
