@@ -28,6 +28,22 @@ def test_a_well_formed_line_passes_and_each_rule_is_named():
     assert "categorical feature C7 must be hex" in check_line("\t".join(bad_hex).encode())
 
 
+@pytest.mark.parametrize("value", ["-", "--1", "1" * 19, "-" + "9" * 25])
+def test_an_integer_field_that_int64_cannot_hold_is_a_corrupt_line(tmp_path, value):
+    bad = GOOD.split("\t")
+    bad[1] = value
+    line = "\t".join(bad)
+    assert "integer feature I1 must be an integer of at most 18 digits" in check_line(line.encode())
+    ok = GOOD.split("\t")
+    ok[1] = "-" + "9" * 18
+    assert check_line("\t".join(ok).encode()) is None
+    files = CriteoFiles([_write(tmp_path / "c.tsv", [GOOD, line, GOOD])], on_corrupt="skip")
+    assert len(files.read_lines(0, 3)) == 2 and files.corrupt_records == 1
+    path = _write(tmp_path / "d.tsv", [GOOD, line])
+    with pytest.raises(DataError, match=rf"corrupt record at {path}:2: integer feature I1"):
+        CriteoFiles([path], on_corrupt="fail").read_lines(0, 2)
+
+
 def test_ranges_span_files_and_wrap_around_the_epoch(tmp_path):
     a = _write(tmp_path / "a.tsv", [GOOD.replace("68fd1e64", f"{i:08x}") for i in range(5)])
     b = _write(tmp_path / "b.tsv", [GOOD.replace("68fd1e64", f"{i:08x}") for i in range(5, 8)], trailing_newline=False)

@@ -34,7 +34,9 @@ from tf_ecrec.errors import ConfigError, DataError
 _LOG = logging.getLogger(__name__)
 
 ON_CORRUPT = ("skip", "fail")
-_INT = rb"-?[0-9]*"
+# Empty, or an integer of at most 18 digits: every such value fits int64, which
+# the graph parses it into ("-" alone, or a longer number, is a corrupt line).
+_INT = rb"(?:-?[0-9]{1,18})?"
 _HEX = rb"[0-9a-fA-F]*"
 _LINE = rb"[01](?:\t" + _INT + rb"){%d}(?:\t" % NUM_DENSE + _HEX + rb"){%d}\r?" % NUM_CAT
 _VALID_LINE = re.compile(_LINE)
@@ -52,7 +54,7 @@ def check_line(line: bytes) -> str | None:
         return f"label must be 0 or 1, found {fields[0][:20]!r}"
     for i, f in enumerate(fields[1 : 1 + NUM_DENSE]):
         if not re.fullmatch(_INT, f):
-            return f"integer feature I{i + 1} must be an integer or empty, found {f[:20]!r}"
+            return f"integer feature I{i + 1} must be an integer of at most 18 digits (int64) or empty, found {f[:20]!r}"
     for i, f in enumerate(fields[1 + NUM_DENSE :]):
         if not re.fullmatch(_HEX, f):
             return f"categorical feature C{i + 1} must be hex or empty, found {f[:20]!r}"
