@@ -209,7 +209,10 @@ def test_reporting_a_task_failure_requeues_its_records(master) -> None:
     worker.register_dataset("train", 100, 40)
     worker.get_shard("train")
     worker.get_shard("train")
-    assert launcher.report_failure("worker:0", reason="process exited 137") == 80
+    with pytest.raises(InvalidRequestError, match="generation 0; rule: a task failure names the generation"):
+        launcher.report_failure("worker:0", reason="no generation")  # the protobuf default is not a wildcard
+    assert "worker:0" in launcher.get_cluster().alive()
+    assert launcher.report_failure("worker:0", reason="process exited 137", generation=worker.generation) == 80
     assert launcher.get_cluster().alive() == {}
 
 
@@ -247,9 +250,9 @@ def test_barrier_times_out_within_its_deadline_naming_the_missing(master) -> Non
 
 
 def test_barrier_stops_waiting_for_a_task_declared_lost(master) -> None:
-    chief, _worker = registered(master, "chief:0"), registered(master, "worker:0")
+    chief, worker = registered(master, "chief:0"), registered(master, "worker:0")
     launcher = MasterClient(master.address, None)
-    threading.Timer(0.3, lambda: launcher.report_failure("worker:0", reason="killed")).start()
+    threading.Timer(0.3, lambda: launcher.report_failure("worker:0", reason="killed", generation=worker.generation)).start()
     assert chief.barrier("migrate", 1, timeout=10) == ["chief:0"]
 
 
@@ -277,6 +280,16 @@ def test_shard_checkpoint_round_trips_through_the_service(master) -> None:
     assert worker.data_state("train").records_retrained == 100
     with pytest.raises(InvalidRequestError, match="not valid JSON"):
         worker.restore_shard_checkpoint("train", b"\x00garbage")
+    # A structurally wrong checkpoint is refused before anything changes: the lease stays valid.
+    import json  # noqa: PLC0415
+    good = json.loads(blob)
+    held = worker.get_shard("train").lease
+    before = worker.data_state("train")
+    for broken in ({**good, "pending": [{"shard_id": 0}]}, {**good, "epoch": -1}, {k: v for k, v in good.items() if k != "failed"}):
+        with pytest.raises(InvalidRequestError, match="shard checkpoint"):
+            worker.restore_shard_checkpoint("train", json.dumps(broken).encode())
+    assert worker.data_state("train") == before
+    worker.report_progress(held, held.end - held.start)
 
 
 def test_stopped_master_fails_calls_fast_and_releases_barrier_waiters(tmp_path) -> None:

@@ -160,7 +160,7 @@ def test_progress_for_a_revoked_lease_is_dropped_not_retried_forever(master) -> 
     client = worker(master)
     client.register_dataset("train", 100, 100)
     lease = client.get_shard("train").lease
-    MasterClient(master.address, None).report_failure("worker:0", reason="test")
+    MasterClient(master.address, None).report_failure("worker:0", reason="test", generation=client.generation)
     sender = ProgressSender(lambda l, n: client.report_progress(l, n))
     sender.start()
     sender.submit(ProgressUpdate(lease, 10))

@@ -379,16 +379,31 @@ class ShardQueue:
         if data.get("format") != _CHECKPOINT_FORMAT:
             raise InvalidRequestError(
                 f"shard checkpoint format {data.get('format')!r}; rule: {_CHECKPOINT_FORMAT}")
-        spec = DatasetSpec.from_dict(data["spec"])
+        # Everything is parsed and checked before anything changes.
+        try:
+            spec = DatasetSpec.from_dict(data["spec"])
+            epoch, position = int(data["epoch"]), int(data["position"])
+            pending = [Piece(**p) for p in data["pending"]]
+            failed = {int(s): (int(a), int(b)) for s, a, b in data["failed"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequestError(
+                f"shard checkpoint is malformed ({type(exc).__name__}: {exc}); rule: a checkpoint as "
+                "ShardCheckpoint returns it") from exc
         if spec != self.spec:
             raise InvalidRequestError(
                 f"shard checkpoint is of {spec}, but the master has {self.spec}; rule: "
                 "restore a checkpoint of the same dataset definition")
+        bad = [p for p in pending if not 0 <= p.start <= p.end or p.shard_id < 0]
+        if epoch < 0 or position < 0 or bad:
+            raise InvalidRequestError(
+                f"shard checkpoint has epoch {epoch}, position {position}"
+                + (f", pieces {bad[:3]}" if bad else "")
+                + "; rule: non-negative epoch and position, pieces with 0 <= start <= end")
         before = {s: end for s, _, end in self.acknowledged_prefixes()}
-        self._epoch, self._position = int(data["epoch"]), int(data["position"])
-        self._pending = collections.deque(Piece(**p) for p in data["pending"])
+        self._epoch, self._position = epoch, position
+        self._pending = collections.deque(pending)
         self._leases = {}
-        self._failed = {int(s): (int(a), int(b)) for s, a, b in data["failed"]}
+        self._failed = failed
         self._recent_done.clear()
         rolled_back = 0
         after = {s: end for s, _, end in self.acknowledged_prefixes()}

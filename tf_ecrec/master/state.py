@@ -432,8 +432,17 @@ class MasterState:
 
         Returns:
           The records given back to the queue.
+
+        Raises:
+          InvalidRequestError: a whole-task report without the generation it is
+            about (0, the protobuf default, would hit whatever incarnation is
+            live now, e.g. the one that replaced the failed one).
         """
         if not shard_ids:
+            if generation < 1:
+                raise InvalidRequestError(
+                    f"ReportFailure for task {task_id!r} has generation {generation}; rule: a task failure "
+                    "names the generation that failed (>= 1, as its registration returned)")
             return self.declare_lost(task_id, reason or "reported failed", generation)
         with self._lock:
             queue = self._queue(dataset)
