@@ -204,6 +204,20 @@ def test_reported_shard_failures_requeue_then_give_up(master) -> None:
     assert worker.get_shard("train").status is ShardStatus.END
 
 
+def test_shards_given_back_after_a_session_recreation_are_not_failures(master) -> None:
+    worker = registered(master, "worker:0")
+    worker.register_dataset("train", 50, 50, max_shard_failures=1)
+    for _ in range(5):  # a crash-looping PS: the pipeline is rebuilt again and again
+        lease = worker.get_shard("train").lease
+        assert worker.report_failure(reason="pipeline rebuilt", dataset="train", shard_ids=[lease.shard_id],
+                                     not_a_failure=True) == 50
+    state = worker.data_state("train")
+    assert (state.shards_failed, state.records_failed, state.finished) == (0, 0, False)
+    lease = worker.get_shard("train").lease
+    worker.report_progress(lease, 50)
+    assert worker.data_state("train").records_trained == 50
+
+
 def test_reporting_a_task_failure_requeues_its_records(master) -> None:
     worker, launcher = registered(master, "worker:0"), MasterClient(master.address, None)
     worker.register_dataset("train", 100, 40)

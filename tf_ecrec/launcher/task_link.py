@@ -335,7 +335,7 @@ class TaskLink:
         try:
             requeued = self.client.report_failure(
                 reason=f"{self.cluster.task} dropped them: {why}", dataset=DATASET,
-                shard_ids=sorted({lease.shard_id for lease in leases}),
+                shard_ids=sorted({lease.shard_id for lease in leases}), not_a_failure=True,
             )
         except EcRecError as exc:
             _LOG.warning("Could not give %d leases back (%s); the master re-queues them when this task is lost",

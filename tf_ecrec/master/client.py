@@ -301,15 +301,16 @@ class MasterClient:
 
     def report_failure(self, task_id: Optional[str] = None, *, reason: str = "",
                        dataset: str = "", shard_ids: Sequence[int] = (),
-                       generation: int = 0) -> int:
-        """Reports a task lost (no ``shard_ids``) or some of its shards failed.
+                       generation: int = 0, not_a_failure: bool = False) -> int:
+        """Reports a task lost (no ``shard_ids``, ``generation`` required) or some of its
+        shards failed (or, with ``not_a_failure``, just given back).
 
         Returns:
           Records given back to the queue.
         """
         response = self._call("ReportFailure", pb.ReportFailureRequest(
             task_id=task_id or self.task_id, generation=generation,
-            shard_ids=list(shard_ids), dataset=dataset, reason=reason))
+            shard_ids=list(shard_ids), dataset=dataset, reason=reason, not_a_failure=not_a_failure))
         return response.records_requeued
 
     def barrier(self, name: str, generation: int, timeout: float, *,

@@ -134,7 +134,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                       context: Any) -> pb.ReportFailureResponse:
         requeued = self._state.report_failure(request.task_id, request.generation,
                                               request.reason, request.dataset,
-                                              list(request.shard_ids))
+                                              list(request.shard_ids),
+                                              failed=not request.not_a_failure)
         return pb.ReportFailureResponse(records_requeued=requeued,
                                         cluster=cluster_pb(self._state.cluster()))
 

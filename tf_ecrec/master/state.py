@@ -427,8 +427,12 @@ class MasterState:
             self._present = present_set
 
     def report_failure(self, task_id: str, generation: int, reason: str,
-                       dataset: str = "", shard_ids: Sequence[int] = ()) -> int:
+                       dataset: str = "", shard_ids: Sequence[int] = (), *, failed: bool = True) -> int:
         """Fails some shards of a task, or (no shard ids) the whole task.
+
+        With ``failed=False`` the shards go back to the queue without a
+        failure counted against them (a holder's input pipeline was rebuilt:
+        a session re-creation is not a shard failure).
 
         Returns:
           The records given back to the queue.
@@ -447,7 +451,7 @@ class MasterState:
         with self._lock:
             queue = self._queue(dataset)
             owned = {lease.shard_id for lease in queue.leases_of(task_id)}
-            requeued = sum(queue.release(s, failed=True) for s in shard_ids if s in owned)
+            requeued = sum(queue.release(s, failed=failed) for s in shard_ids if s in owned)
             if requeued:
                 self._persist()
             return requeued

@@ -14,15 +14,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tf_ecrec/master/proto/master.proto\x12\x12tf_ecrec.master.v1\".\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"\x86\x01\n\x08TaskInfo\x12\x11\n\ttask_type\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12.\n\x06status\x18\x05 \x01(\x0e\x32\x1e.tf_ecrec.master.v1.TaskStatus\"[\n\x07\x43luster\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nps_version\x18\x02 \x01(\x03\x12+\n\x05tasks\x18\x03 \x03(\x0b\x32\x1c.tf_ecrec.master.v1.TaskInfo\"^\n\x0fRegisterRequest\x12\x11\n\ttask_type\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"\x89\x01\n\x10RegisterResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12,\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.Cluster\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"=\n\x10HeartbeatRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\"8\n\x11HeartbeatResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nps_version\x18\x02 \x01(\x03\">\n\x11\x44\x65registerRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\"\x14\n\x12\x44\x65registerResponse\"\x13\n\x11GetClusterRequest\"V\n\x18UpdateTaskAddressRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"o\n\x14ReportFailureRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x11\n\tshard_ids\x18\x03 \x03(\x03\x12\x0f\n\x07\x64\x61taset\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"_\n\x15ReportFailureResponse\x12\x18\n\x10records_requeued\x18\x01 \x01(\x03\x12,\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.Cluster\"\x9a\x01\n\x0e\x42\x61rrierRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x14\n\x0cparticipants\x18\x04 \x03(\t\x12\x12\n\ntask_types\x18\x05 \x03(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"\"\n\x0f\x42\x61rrierResponse\x12\x0f\n\x07\x61rrived\x18\x01 \x03(\t\"\xb0\x01\n\x16RegisterDatasetRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rtotal_records\x18\x02 \x01(\x03\x12\x15\n\rshard_records\x18\x03 \x01(\x03\x12\x12\n\nnum_epochs\x18\x04 \x01(\x05\x12\x19\n\x0cshuffle_seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\x12max_shard_failures\x18\x06 \x01(\x05\x42\x0f\n\r_shuffle_seed\"X\n\x17RegisterDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12,\n\x05state\x18\x02 \x01(\x0b\x32\x1d.tf_ecrec.master.v1.DataState\"a\n\x0fGetShardRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"U\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"\xdb\x01\n\x10GetShardResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.tf_ecrec.master.v1.GetShardResponse.Status\x12(\n\x05shard\x18\x02 \x01(\x0b\x32\x19.tf_ecrec.master.v1.Shard\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\"I\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05SHARD\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x07\n\x03\x45ND\x10\x03\x12\t\n\x05\x44RAIN\x10\x04\"\x87\x01\n\x15ReportProgressRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0f\n\x07records\x18\x05 \x01(\x03\",\n\x16ReportProgressResponse\x12\x12\n\nshard_done\x18\x01 \x01(\x08\"&\n\x13GetDataStateRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xf7\x01\n\tDataState\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x15\n\rrecords_total\x18\x02 \x01(\x03\x12\x17\n\x0frecords_trained\x18\x03 \x01(\x03\x12\x19\n\x11records_retrained\x18\x04 \x01(\x03\x12\x18\n\x10records_requeued\x18\x05 \x01(\x03\x12\x16\n\x0erecords_failed\x18\x06 \x01(\x03\x12\x19\n\x11records_in_flight\x18\x07 \x01(\x03\x12\x15\n\rshards_failed\x18\x08 \x01(\x03\x12\x18\n\x10\x66\x61iled_shard_ids\x18\t \x03(\x03\x12\x10\n\x08\x66inished\x18\n \x01(\x08\",\n\x19GetShardCheckpointRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"0\n\x0fShardCheckpoint\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\"N\n\x1eRestoreShardCheckpointResponse\x12,\n\x05state\x18\x01 \x01(\x0b\x32\x1d.tf_ecrec.master.v1.DataState*H\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x08\n\x04LOST\x10\x02\x12\x08\n\x04LEFT\x10\x03\x32\xe3\t\n\x06Master\x12U\n\x08Register\x12#.tf_ecrec.master.v1.RegisterRequest\x1a$.tf_ecrec.master.v1.RegisterResponse\x12X\n\tHeartbeat\x12$.tf_ecrec.master.v1.HeartbeatRequest\x1a%.tf_ecrec.master.v1.HeartbeatResponse\x12[\n\nDeregister\x12%.tf_ecrec.master.v1.DeregisterRequest\x1a&.tf_ecrec.master.v1.DeregisterResponse\x12P\n\nGetCluster\x12%.tf_ecrec.master.v1.GetClusterRequest\x1a\x1b.tf_ecrec.master.v1.Cluster\x12^\n\x11UpdateTaskAddress\x12,.tf_ecrec.master.v1.UpdateTaskAddressRequest\x1a\x1b.tf_ecrec.master.v1.Cluster\x12\x64\n\rReportFailure\x12(.tf_ecrec.master.v1.ReportFailureRequest\x1a).tf_ecrec.master.v1.ReportFailureResponse\x12R\n\x07\x42\x61rrier\x12\".tf_ecrec.master.v1.BarrierRequest\x1a#.tf_ecrec.master.v1.BarrierResponse\x12j\n\x0fRegisterDataset\x12*.tf_ecrec.master.v1.RegisterDatasetRequest\x1a+.tf_ecrec.master.v1.RegisterDatasetResponse\x12U\n\x08GetShard\x12#.tf_ecrec.master.v1.GetShardRequest\x1a$.tf_ecrec.master.v1.GetShardResponse\x12g\n\x0eReportProgress\x12).tf_ecrec.master.v1.ReportProgressRequest\x1a*.tf_ecrec.master.v1.ReportProgressResponse\x12V\n\x0cGetDataState\x12\'.tf_ecrec.master.v1.GetDataStateRequest\x1a\x1d.tf_ecrec.master.v1.DataState\x12h\n\x12GetShardCheckpoint\x12-.tf_ecrec.master.v1.GetShardCheckpointRequest\x1a#.tf_ecrec.master.v1.ShardCheckpoint\x12q\n\x16RestoreShardCheckpoint\x12#.tf_ecrec.master.v1.ShardCheckpoint\x1a\x32.tf_ecrec.master.v1.RestoreShardCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tf_ecrec/master/proto/master.proto\x12\x12tf_ecrec.master.v1\".\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"\x86\x01\n\x08TaskInfo\x12\x11\n\ttask_type\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12.\n\x06status\x18\x05 \x01(\x0e\x32\x1e.tf_ecrec.master.v1.TaskStatus\"[\n\x07\x43luster\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nps_version\x18\x02 \x01(\x03\x12+\n\x05tasks\x18\x03 \x03(\x0b\x32\x1c.tf_ecrec.master.v1.TaskInfo\"^\n\x0fRegisterRequest\x12\x11\n\ttask_type\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"\x89\x01\n\x10RegisterResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12,\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.Cluster\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"=\n\x10HeartbeatRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\"8\n\x11HeartbeatResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nps_version\x18\x02 \x01(\x03\">\n\x11\x44\x65registerRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\"\x14\n\x12\x44\x65registerResponse\"\x13\n\x11GetClusterRequest\"V\n\x18UpdateTaskAddressRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x86\x01\n\x14ReportFailureRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x11\n\tshard_ids\x18\x03 \x03(\x03\x12\x0f\n\x07\x64\x61taset\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rnot_a_failure\x18\x06 \x01(\x08\"_\n\x15ReportFailureResponse\x12\x18\n\x10records_requeued\x18\x01 \x01(\x03\x12,\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.Cluster\"\x9a\x01\n\x0e\x42\x61rrierRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x14\n\x0cparticipants\x18\x04 \x03(\t\x12\x12\n\ntask_types\x18\x05 \x03(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"\"\n\x0f\x42\x61rrierResponse\x12\x0f\n\x07\x61rrived\x18\x01 \x03(\t\"\xb0\x01\n\x16RegisterDatasetRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rtotal_records\x18\x02 \x01(\x03\x12\x15\n\rshard_records\x18\x03 \x01(\x03\x12\x12\n\nnum_epochs\x18\x04 \x01(\x05\x12\x19\n\x0cshuffle_seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\x12max_shard_failures\x18\x06 \x01(\x05\x42\x0f\n\r_shuffle_seed\"X\n\x17RegisterDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12,\n\x05state\x18\x02 \x01(\x0b\x32\x1d.tf_ecrec.master.v1.DataState\"a\n\x0fGetShardRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"U\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"\xdb\x01\n\x10GetShardResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.tf_ecrec.master.v1.GetShardResponse.Status\x12(\n\x05shard\x18\x02 \x01(\x0b\x32\x19.tf_ecrec.master.v1.Shard\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\"I\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05SHARD\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x07\n\x03\x45ND\x10\x03\x12\t\n\x05\x44RAIN\x10\x04\"\x87\x01\n\x15ReportProgressRequest\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.tf_ecrec.master.v1.TaskRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0f\n\x07records\x18\x05 \x01(\x03\",\n\x16ReportProgressResponse\x12\x12\n\nshard_done\x18\x01 \x01(\x08\"&\n\x13GetDataStateRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xf7\x01\n\tDataState\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x15\n\rrecords_total\x18\x02 \x01(\x03\x12\x17\n\x0frecords_trained\x18\x03 \x01(\x03\x12\x19\n\x11records_retrained\x18\x04 \x01(\x03\x12\x18\n\x10records_requeued\x18\x05 \x01(\x03\x12\x16\n\x0erecords_failed\x18\x06 \x01(\x03\x12\x19\n\x11records_in_flight\x18\x07 \x01(\x03\x12\x15\n\rshards_failed\x18\x08 \x01(\x03\x12\x18\n\x10\x66\x61iled_shard_ids\x18\t \x03(\x03\x12\x10\n\x08\x66inished\x18\n \x01(\x08\",\n\x19GetShardCheckpointRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"0\n\x0fShardCheckpoint\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\"N\n\x1eRestoreShardCheckpointResponse\x12,\n\x05state\x18\x01 \x01(\x0b\x32\x1d.tf_ecrec.master.v1.DataState*H\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x08\n\x04LOST\x10\x02\x12\x08\n\x04LEFT\x10\x03\x32\xe3\t\n\x06Master\x12U\n\x08Register\x12#.tf_ecrec.master.v1.RegisterRequest\x1a$.tf_ecrec.master.v1.RegisterResponse\x12X\n\tHeartbeat\x12$.tf_ecrec.master.v1.HeartbeatRequest\x1a%.tf_ecrec.master.v1.HeartbeatResponse\x12[\n\nDeregister\x12%.tf_ecrec.master.v1.DeregisterRequest\x1a&.tf_ecrec.master.v1.DeregisterResponse\x12P\n\nGetCluster\x12%.tf_ecrec.master.v1.GetClusterRequest\x1a\x1b.tf_ecrec.master.v1.Cluster\x12^\n\x11UpdateTaskAddress\x12,.tf_ecrec.master.v1.UpdateTaskAddressRequest\x1a\x1b.tf_ecrec.master.v1.Cluster\x12\x64\n\rReportFailure\x12(.tf_ecrec.master.v1.ReportFailureRequest\x1a).tf_ecrec.master.v1.ReportFailureResponse\x12R\n\x07\x42\x61rrier\x12\".tf_ecrec.master.v1.BarrierRequest\x1a#.tf_ecrec.master.v1.BarrierResponse\x12j\n\x0fRegisterDataset\x12*.tf_ecrec.master.v1.RegisterDatasetRequest\x1a+.tf_ecrec.master.v1.RegisterDatasetResponse\x12U\n\x08GetShard\x12#.tf_ecrec.master.v1.GetShardRequest\x1a$.tf_ecrec.master.v1.GetShardResponse\x12g\n\x0eReportProgress\x12).tf_ecrec.master.v1.ReportProgressRequest\x1a*.tf_ecrec.master.v1.ReportProgressResponse\x12V\n\x0cGetDataState\x12\'.tf_ecrec.master.v1.GetDataStateRequest\x1a\x1d.tf_ecrec.master.v1.DataState\x12h\n\x12GetShardCheckpoint\x12-.tf_ecrec.master.v1.GetShardCheckpointRequest\x1a#.tf_ecrec.master.v1.ShardCheckpoint\x12q\n\x16RestoreShardCheckpoint\x12#.tf_ecrec.master.v1.ShardCheckpoint\x1a\x32.tf_ecrec.master.v1.RestoreShardCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tf_ecrec.master.proto.master_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_TASKSTATUS']._serialized_start=2618
-  _globals['_TASKSTATUS']._serialized_end=2690
+  _globals['_TASKSTATUS']._serialized_start=2642
+  _globals['_TASKSTATUS']._serialized_end=2714
   _globals['_TASKREF']._serialized_start=58
   _globals['_TASKREF']._serialized_end=104
   _globals['_TASKINFO']._serialized_start=107
@@ -45,40 +45,40 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_GETCLUSTERREQUEST']._serialized_end=798
   _globals['_UPDATETASKADDRESSREQUEST']._serialized_start=800
   _globals['_UPDATETASKADDRESSREQUEST']._serialized_end=886
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=888
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=999
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=1001
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=1096
-  _globals['_BARRIERREQUEST']._serialized_start=1099
-  _globals['_BARRIERREQUEST']._serialized_end=1253
-  _globals['_BARRIERRESPONSE']._serialized_start=1255
-  _globals['_BARRIERRESPONSE']._serialized_end=1289
-  _globals['_REGISTERDATASETREQUEST']._serialized_start=1292
-  _globals['_REGISTERDATASETREQUEST']._serialized_end=1468
-  _globals['_REGISTERDATASETRESPONSE']._serialized_start=1470
-  _globals['_REGISTERDATASETRESPONSE']._serialized_end=1558
-  _globals['_GETSHARDREQUEST']._serialized_start=1560
-  _globals['_GETSHARDREQUEST']._serialized_end=1657
-  _globals['_SHARD']._serialized_start=1659
-  _globals['_SHARD']._serialized_end=1744
-  _globals['_GETSHARDRESPONSE']._serialized_start=1747
-  _globals['_GETSHARDRESPONSE']._serialized_end=1966
-  _globals['_GETSHARDRESPONSE_STATUS']._serialized_start=1893
-  _globals['_GETSHARDRESPONSE_STATUS']._serialized_end=1966
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1969
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2104
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2106
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2150
-  _globals['_GETDATASTATEREQUEST']._serialized_start=2152
-  _globals['_GETDATASTATEREQUEST']._serialized_end=2190
-  _globals['_DATASTATE']._serialized_start=2193
-  _globals['_DATASTATE']._serialized_end=2440
-  _globals['_GETSHARDCHECKPOINTREQUEST']._serialized_start=2442
-  _globals['_GETSHARDCHECKPOINTREQUEST']._serialized_end=2486
-  _globals['_SHARDCHECKPOINT']._serialized_start=2488
-  _globals['_SHARDCHECKPOINT']._serialized_end=2536
-  _globals['_RESTORESHARDCHECKPOINTRESPONSE']._serialized_start=2538
-  _globals['_RESTORESHARDCHECKPOINTRESPONSE']._serialized_end=2616
-  _globals['_MASTER']._serialized_start=2693
-  _globals['_MASTER']._serialized_end=3944
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=889
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=1023
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=1025
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=1120
+  _globals['_BARRIERREQUEST']._serialized_start=1123
+  _globals['_BARRIERREQUEST']._serialized_end=1277
+  _globals['_BARRIERRESPONSE']._serialized_start=1279
+  _globals['_BARRIERRESPONSE']._serialized_end=1313
+  _globals['_REGISTERDATASETREQUEST']._serialized_start=1316
+  _globals['_REGISTERDATASETREQUEST']._serialized_end=1492
+  _globals['_REGISTERDATASETRESPONSE']._serialized_start=1494
+  _globals['_REGISTERDATASETRESPONSE']._serialized_end=1582
+  _globals['_GETSHARDREQUEST']._serialized_start=1584
+  _globals['_GETSHARDREQUEST']._serialized_end=1681
+  _globals['_SHARD']._serialized_start=1683
+  _globals['_SHARD']._serialized_end=1768
+  _globals['_GETSHARDRESPONSE']._serialized_start=1771
+  _globals['_GETSHARDRESPONSE']._serialized_end=1990
+  _globals['_GETSHARDRESPONSE_STATUS']._serialized_start=1917
+  _globals['_GETSHARDRESPONSE_STATUS']._serialized_end=1990
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1993
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2128
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2130
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2174
+  _globals['_GETDATASTATEREQUEST']._serialized_start=2176
+  _globals['_GETDATASTATEREQUEST']._serialized_end=2214
+  _globals['_DATASTATE']._serialized_start=2217
+  _globals['_DATASTATE']._serialized_end=2464
+  _globals['_GETSHARDCHECKPOINTREQUEST']._serialized_start=2466
+  _globals['_GETSHARDCHECKPOINTREQUEST']._serialized_end=2510
+  _globals['_SHARDCHECKPOINT']._serialized_start=2512
+  _globals['_SHARDCHECKPOINT']._serialized_end=2560
+  _globals['_RESTORESHARDCHECKPOINTRESPONSE']._serialized_start=2562
+  _globals['_RESTORESHARDCHECKPOINTRESPONSE']._serialized_end=2640
+  _globals['_MASTER']._serialized_start=2717
+  _globals['_MASTER']._serialized_end=3968
 # @@protoc_insertion_point(module_scope)

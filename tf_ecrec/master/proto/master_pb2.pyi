@@ -108,18 +108,20 @@ class UpdateTaskAddressRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
-    __slots__ = ("task_id", "generation", "shard_ids", "dataset", "reason")
+    __slots__ = ("task_id", "generation", "shard_ids", "dataset", "reason", "not_a_failure")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SHARD_IDS_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    NOT_A_FAILURE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     generation: int
     shard_ids: _containers.RepeatedScalarFieldContainer[int]
     dataset: str
     reason: str
-    def __init__(self, task_id: _Optional[str] = ..., generation: _Optional[int] = ..., shard_ids: _Optional[_Iterable[int]] = ..., dataset: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    not_a_failure: bool
+    def __init__(self, task_id: _Optional[str] = ..., generation: _Optional[int] = ..., shard_ids: _Optional[_Iterable[int]] = ..., dataset: _Optional[str] = ..., reason: _Optional[str] = ..., not_a_failure: bool = ...) -> None: ...
 
 class ReportFailureResponse(_message.Message):
     __slots__ = ("records_requeued", "cluster")
