@@ -126,3 +126,14 @@ def test_an_unknown_in_flight_count_leaves_the_bound_unknown():
     data = data_section({}, stats, [{"task": "ps:0", "global_step": 1, "records_in_flight": None}])
     assert data["records_in_flight_at_failures"] is None
     assert data_section({}, stats, [])["records_in_flight_at_failures"] == 0
+
+
+def test_the_summary_says_loudly_when_records_were_dropped():
+    from tf_ecrec.launcher.supervisor import _summary
+
+    data = {"records_total": 1000, "records_trained": 900, "finished": True, "records_retrained": 0,
+            "records_requeued": 150, "records_failed": 100, "shards_failed": 2}
+    report = {"global_step": 10, "samples_per_sec": 1.0, "effective_samples_per_sec": 1.0,
+              "config": {"fault_tolerance": "ecrec"}, "recovery": [], "variables_sha256": "x", "data": data}
+    assert "DROPPED: 100 records of 2 shards" in _summary(report, "r.json")
+    assert "DROPPED" not in _summary({**report, "data": {**data, "records_failed": 0, "shards_failed": 0}}, "r.json")

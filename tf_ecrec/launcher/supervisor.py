@@ -722,6 +722,11 @@ def _summary(report: dict[str, Any], path: str) -> str:
             f"{'' if data.get('finished') else ' (NOT finished)'}, {data['records_retrained']:,} retrained, "
             f"{data['records_requeued']:,} re-queued" + ("" if bound is None else f"; in flight at failures: {bound:,}")
         )
+        if data.get("records_failed"):
+            lines.append(
+                f"  DROPPED: {data['records_failed']:,} records of {data['shards_failed']:,} shards were given up "
+                "after failing more often than the shard failure limit; they were NOT trained"
+            )
     lines.append(f"  variables_sha256 {report['variables_sha256']}")
     lines.append(f"report: {path} (plot: {report.get('plot')})")
     return "\n".join(lines)
