@@ -62,7 +62,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
-            plan = RecoveryPlan(optimizer, recovery_listener)
+            plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold),
                 training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],

@@ -15,9 +15,13 @@ state found                   action
 everything initialised        settle the steps a dead task left in the logs
                               (`tf_ecrec.steplog`); a chief restart keeps the
                               live state
-nothing initialised           a fresh start: restore the checkpoint if there is
-                              one (then re-encode parity and replicas), else run
-                              the initialisers
+nothing initialised           restore the checkpoint if there is one (then
+                              re-encode parity and replicas); else, if the model
+                              dir's `STARTED_MARKER` says the job had started,
+                              raise `RecoveryError` (a lost job is not a fresh
+                              one); else run the initialisers and write it
+some initialised, no marker,  a fresh start cut mid-way (e.g. by a timeout):
+no checkpoint                 run every initialiser again
 the variables of <= r PS of   settle the steps the failure cut, then rebuild
 every stripe missing          the lost variables: data chunks and slots decoded from
                               the surviving chunks, parity re-encoded, dense
@@ -27,6 +31,9 @@ more missing than the code    fall back to the checkpoint (``method:
 covers                        "checkpoint"``), re-encode; without a checkpoint
                               raise `RecoveryError`
 ============================  =================================================
+
+Initialisation, rebuild and restore run with `LONG_OP_TIMEOUT_MS` as their
+deadline, not the session's operation timeout.
 
 Everything is decided and computed on the chief with ops built before the
 graph was finalized: one read of the surviving variables, decoding in NumPy
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +71,12 @@ _LOG = logging.getLogger(__name__)
 
 READY_DEADLINE_SECS = 1800.0
 READY_RETRY_SECS = 0.5
+LONG_OP_TIMEOUT_MS = 3_600_000
+"""Deadline of initialisation, rebuild and restore calls: a session's operation timeout (there to
+end waits on a dead task) must not cut the work itself on a large model."""
+STARTED_MARKER = "tf_ecrec_started"
+"""File in the model dir written once the variables were first initialised: with it, finding every
+variable gone is a lost job, not a fresh one."""
 
 
 @dataclasses.dataclass
@@ -95,10 +109,14 @@ class RecoveryPlan:
     Args:
       optimizer: the graph's ECOptimizer (after `minimize`).
       listener: called with every `RecoveryResult` (e.g. to report it).
+      model_dir: where the job persists (the marker that it started lives
+        there); without it a partly initialised cluster is taken for lost PS.
     """
 
-    def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None) -> None:
+    def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None) -> None:
         self._opt = optimizer
+        self._marker = os.path.join(model_dir, STARTED_MARKER) if model_dir else None
+        self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
         self._listener = listener
         self._graph = tf.compat.v1.get_default_graph()
         self._colls: list[EmbeddingCollection] = [c for c in collections() if c.name in optimizer.parity]
@@ -167,13 +185,25 @@ class RecoveryPlan:
             # mid-step: settle what it left in the logs.
             self.settle(sess)
             return self._done(RecoveryResult("none", []), started, sess)
-        if len(missing) == len(self.variables):
+        fresh = self._marker is not None and not tf.io.gfile.exists(self._marker)
+        if len(missing) == len(self.variables) or (fresh and restore is None):
             if restore is not None:
                 restore()
                 self.reconciler.discard(sess, self.reconciler_ps())
                 self._reencode(sess)
                 return self._done(RecoveryResult("checkpoint", []), started, sess)
-            sess.run(self._init_all)
+            if self._marker is not None and not fresh:
+                raise RecoveryError(
+                    f"every variable on every PS is gone, the job had started ({self._marker} exists) and there is "
+                    "no checkpoint: training cannot go on from where it was. Run with checkpoints "
+                    "(--checkpoint-steps/--checkpoint-secs), or delete the marker to start over from scratch."
+                )
+            # A fresh start, possibly cut mid-way (a partly initialised cluster): initialise it all.
+            sess.run(self._init_all, options=self._long)
+            if self._marker is not None:
+                tf.io.gfile.makedirs(os.path.dirname(self._marker))
+                with tf.io.gfile.GFile(self._marker, "w") as f:
+                    f.write(f"initialised at {time.time():.0f}\n")
             return self._done(RecoveryResult("init", []), started, sess)
         lost = sorted({device_task(v.device) for v in missing})
         _LOG.warning("rebuilding %d variables of lost PS %s", len(missing), lost)
@@ -267,7 +297,7 @@ class RecoveryPlan:
     def _rebuild(self, sess: tf.compat.v1.Session, lost: Sequence[int]) -> dict[str, np.ndarray]:
         lost_set = set(lost)
         alive = {name: self._reads[name] for name, v in self._by_name.items() if device_task(v.device) not in lost_set}
-        values = sess.run(alive)
+        values = sess.run(alive, options=self._long)
         written: dict[str, np.ndarray] = {}
         for coll in self._colls:
             written.update(self._rebuild_collection(coll, values, lost_set))
@@ -358,7 +388,7 @@ class RecoveryPlan:
 
     def _reencode(self, sess: tf.compat.v1.Session) -> None:
         """Re-encodes every parity and replica from the data (after a checkpoint restore)."""
-        values = sess.run(self._reads)
+        values = sess.run(self._reads, options=self._long)
         out: dict[str, np.ndarray] = {}
         for coll in self._colls:
             opt = self._opt
@@ -397,7 +427,9 @@ class RecoveryPlan:
     def _assign(self, sess: tf.compat.v1.Session, new_values: dict[str, np.ndarray]) -> None:
         if not new_values:
             return
-        sess.run([self._assigns[n] for n in new_values], {self._feeds[n]: v for n, v in new_values.items()})
+        sess.run(
+            [self._assigns[n] for n in new_values], {self._feeds[n]: v for n, v in new_values.items()}, options=self._long
+        )
 
 
 class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
@@ -483,7 +515,15 @@ class ECSaver(tf.compat.v1.train.Saver):
         self._plan = plan
 
     def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
-        self._plan.prepare(sess, restore=lambda: tf.compat.v1.train.Saver.restore(self, sess, save_path))
+        self._plan.prepare(sess, restore=lambda: self._restore(sess, save_path))
+
+    def _restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:
+        """The stock restore op, run under the plan's long deadline instead of the session's."""
+        _LOG.info("Restoring parameters from %s", save_path)
+        sess.run(
+            self.saver_def.restore_op_name, {self.saver_def.filename_tensor_name: save_path},
+            options=tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS),
+        )
 
 
 def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tf_ecrec
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery import RecoveryPlan
 from tf_ecrec.verify import check_parity
 
@@ -117,3 +118,24 @@ def test_reconcile_with_nothing_pending_changes_nothing(cluster):  # noqa: F811
         assert plan.reconciler.reconcile(sess, plan.reconciler_ps()) == {"undone": 0, "finished": 0, "committed": 0}
         after = sess.run(variables)
     assert all(np.array_equal(before[n], after[n]) for n in before)
+
+
+def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for_lost_ps(cluster, tmp_path):  # noqa: F811
+    graph, ids, train, opt, plan, init, variables = _build(cluster)
+    with graph.as_default():
+        plan = RecoveryPlan(opt, model_dir=str(tmp_path))
+        some = tf.group(*[v.initializer for v in list(variables.values())[::2]])
+        reset = tf.group(*[tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in variables.values()])
+    with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:
+        sess.run(reset)
+        sess.run(some)  # the first initialisation was cut (a timeout): half the variables exist
+        assert plan.prepare(sess, restore=None).method == "init"
+        assert (tmp_path / "tf_ecrec_started").exists()
+        values = sess.run(variables)
+        result = check_parity(opt.describe(), values)
+        assert result["mismatches"] == 0 and result["replica_mismatches"] == 0
+        sess.run(train, _feed(ids, 0))
+        # Every PS lost after the job started, and no checkpoint: a loud error, not a silent restart at step 0.
+        sess.run(reset)
+        with pytest.raises(RecoveryError, match="the job had started"):
+            plan.prepare(sess, restore=None)
