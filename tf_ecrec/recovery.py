@@ -65,7 +65,7 @@ from tf_ecrec import codec
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.steplog import Reconciler
+from tf_ecrec.steplog import Reconciler, SettleReport
 
 _LOG = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class RecoveryResult:
     """What one `prepare` did.
 
     Attributes:
-      method: "none", "init", "parity" or "checkpoint".
+      method: "none", "init", "parity", "checkpoint", or "settled" (the
+        background settlement of a dead task's steps).
       lost_ps: PS tasks whose variables were missing.
       variables_rebuilt: how many variables were written.
       bytes_rebuilt: bytes written to rebuilt variables.
@@ -98,6 +99,17 @@ class RecoveryResult:
     bytes_rebuilt: int = 0
     seconds: float = 0.0
     global_step: int | None = None
+    steps_undone: int = 0
+    steps_finished: int = 0
+    folds_rolled_back: int = 0
+
+    def settled(self, report: SettleReport | None) -> RecoveryResult:
+        """Adds what a settlement did to this result; returns it."""
+        if report is not None:
+            self.steps_undone += report.undone
+            self.steps_finished += report.finished
+            self.folds_rolled_back += report.rolled_back
+        return self
 
 
 Listener = Callable[[RecoveryResult], None]
@@ -135,7 +147,6 @@ class RecoveryPlan:
         self.reconciler = Reconciler(
             optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
         )
-        self.settle_listener: Callable[[Any], None] | None = None
         self.protected_names = self._protected_names()
 
     # ---- graph pieces for the Scaffold ---------------------------------------------------------------------------
@@ -183,8 +194,8 @@ class RecoveryPlan:
         if not missing:
             # Nothing was lost, but a task (the previous chief, say) may have died
             # mid-step: settle what it left in the logs.
-            self.settle(sess)
-            return self._done(RecoveryResult("none", []), started, sess)
+            report = self.settle(sess)
+            return self._done(RecoveryResult("none", []).settled(report), started, sess)
         fresh = self._marker is not None and not tf.io.gfile.exists(self._marker)
         if len(missing) == len(self.variables) or (fresh and restore is None):
             if restore is not None:
@@ -214,10 +225,11 @@ class RecoveryPlan:
             # failure cut and roll the lost variables' parity back to their committed
             # prefix (tf_ecrec.steplog) before decoding.
             self._raise_generation(sess, alive)
-            self.reconciler.settle(sess, alive, lost)
+            report = self.reconciler.settle(sess, alive, lost)
             written = self._rebuild(sess, lost)
             self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
             result = RecoveryResult("parity", lost, len(written), int(sum(v.nbytes for v in written.values())))
+            result.settled(report)
             return self._done(result, started, sess)
         if restore is None:
             raise RecoveryError(
@@ -241,8 +253,7 @@ class RecoveryPlan:
                 result.method, result.lost_ps, result.variables_rebuilt, result.bytes_rebuilt,
                 result.seconds, result.global_step,
             )
-        if self._listener is not None:
-            self._listener(result)
+        self.notify(result)
         return result
 
     def reconciler_ps(self) -> list[int]:
@@ -256,9 +267,14 @@ class RecoveryPlan:
         if self._graph_generation() > 0:
             self.reconciler.set_generation(sess, alive, self._graph_generation())
 
-    def settle(self, sess: tf.compat.v1.Session) -> None:
+    def settle(self, sess: tf.compat.v1.Session) -> SettleReport:
         """Settles steps left in the logs (e.g. of a worker that died mid-step); every PS must be up."""
-        self.reconciler.reconcile(sess, self.reconciler_ps())
+        return self.reconciler.settle(sess, self.reconciler_ps())
+
+    def notify(self, result: RecoveryResult) -> None:
+        """Hands a result to the listener (the background settlement's, for instance)."""
+        if self._listener is not None:
+            self._listener(result)
 
     # ---- what can be rebuilt ---------------------------------------------------------------------------
 
@@ -481,8 +497,8 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
             except tf.errors.OpError as exc:
                 _LOG.debug("stale-step settlement skipped a round: %s", exc.message.splitlines()[0])
                 continue
-            if report is not None and self._plan.settle_listener is not None:
-                self._plan.settle_listener(report)
+            if report is not None:
+                self._plan.notify(RecoveryResult("settled", []).settled(report))
 
 
 class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):

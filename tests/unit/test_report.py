@@ -137,3 +137,14 @@ def test_the_summary_says_loudly_when_records_were_dropped():
               "config": {"fault_tolerance": "ecrec"}, "recovery": [], "variables_sha256": "x", "data": data}
     assert "DROPPED: 100 records of 2 shards" in _summary(report, "r.json")
     assert "DROPPED" not in _summary({**report, "data": {**data, "records_failed": 0, "shards_failed": 0}}, "r.json")
+
+
+def test_settlement_totals_add_up_recoveries_and_background_settlements():
+    from tf_ecrec.launcher.report import Event, settlement_totals
+
+    events = [
+        Event(1.0, "recovered", "chief:0", 10, {"method": "parity", "steps_undone": 1, "steps_finished": 2, "folds_rolled_back": 3}),
+        Event(2.0, "settled", "chief:0", 20, {"steps_undone": 0, "steps_finished": 1, "folds_rolled_back": 0}),
+        Event(3.0, "recovered", "chief:0", 30, {"method": "checkpoint"}),
+    ]
+    assert settlement_totals(events) == {"steps_undone": 1, "steps_finished": 3, "folds_rolled_back": 3}

@@ -28,6 +28,11 @@ Field names are stable (other tools read them):
     (where the task came back: its old one, or a new port with
     ``--restart-at new-port``) and ``failovers`` (trainers' rebuilds of
     TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`).
+``settlement``
+    over the run, the steps a failure cut that settlement undid
+    (``steps_undone``: their updates removed, their records retrained) or
+    finished (``steps_finished``: kept whole), and ``folds_rolled_back``: folds
+    of a lost PS's variables beyond their committed prefix (docs/settlement.md).
 ``variables_sha256``
     digest of every variable's bytes read from the PS tasks at the end
     (`tf_ecrec.inspect`).
@@ -140,6 +145,15 @@ def recovery_entries(events: Sequence[Event], fault_tolerance: str = "checkpoint
     return out
 
 
+def settlement_totals(events: Sequence[Event]) -> dict[str, int]:
+    """Steps cut by failures that settlement undid or finished, and folds it rolled back, over the run."""
+    keys = ("steps_undone", "steps_finished", "folds_rolled_back")
+    return {
+        k: int(sum(int(e.extra.get(k) or 0) for e in events if e.kind in ("recovered", "settled")))
+        for k in keys
+    }
+
+
 def throughput_series(timeline: Sequence[tuple[float, int, int]], t0: float, bin_secs: float = 1.0) -> list[list[float]]:
     """Records per second in consecutive bins since `t0`."""
     if not timeline:
@@ -200,6 +214,7 @@ def build_report(
         "effective_samples_per_sec": round(effective, 1),
         "events": [e.to_json() for e in events],
         "recovery": recovery_entries(events, job.fault_tolerance),
+        "settlement": settlement_totals(events),
         "variables_sha256": digest.get("variables_sha256"),
         "variables": {"count": digest.get("variables"), "bytes": digest.get("bytes")},
         **({"parity": digest["parity"]} if "parity" in digest else {}),

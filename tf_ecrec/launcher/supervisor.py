@@ -367,12 +367,15 @@ class Supervisor:
             self._done_reports[task] = msg
             return True
         if kind == "recovered":
-            extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds")}
+            extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", *_SETTLED)}
             self._event("recovered", task, msg.get("step"), t=t, **extra)
             self._print(
                 f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
                 f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
             )
+            return True
+        if kind == "settled":
+            self._event("settled", task, msg.get("step"), t=t, **{k: msg.get(k) for k in _SETTLED})
             return True
         if kind == "failover":
             self._event("failover", task, None, t=t, state=msg.get("state"), reason=msg.get("reason"))
@@ -696,6 +699,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+_SETTLED = ("steps_undone", "steps_finished", "folds_rolled_back")
+
+
 def _summary(report: dict[str, Any], path: str) -> str:
     lines = [
         "",
@@ -713,6 +719,12 @@ def _summary(report: dict[str, Any], path: str) -> str:
         lines.append(
             f"  parity: {p['stripes_checked']} stripes / {p['rows_checked']} rows checked, {p['mismatches']} mismatches; "
             f"{p['replicas_checked']} replicas checked, {p['replica_mismatches']} mismatches"
+        )
+    settlement = report.get("settlement")
+    if settlement:
+        lines.append(
+            f"  steps cut by failures: {settlement['steps_undone']} undone, {settlement['steps_finished']} finished; "
+            f"{settlement['folds_rolled_back']} folds of lost variables rolled back"
         )
     data = report.get("data", {})
     if "records_total" in data:

@@ -78,7 +78,11 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
     sender = _status_sender(cluster)
 
     def listener(result: Any) -> None:
-        if sender is not None and result.method in ("parity", "checkpoint"):
+        if sender is None:
+            return
+        settled = {"steps_undone": result.steps_undone, "steps_finished": result.steps_finished,
+                   "folds_rolled_back": result.folds_rolled_back}
+        if result.method in ("parity", "checkpoint"):
             sender.send(
                 "recovered",
                 method=result.method,
@@ -86,7 +90,10 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                 bytes_rebuilt=result.bytes_rebuilt,
                 rebuild_seconds=round(result.seconds, 3),
                 step=result.global_step,
+                **settled,
             )
+        elif result.steps_undone or result.steps_finished:
+            sender.send("settled", step=result.global_step, **settled)
 
     return listener
 
