@@ -53,18 +53,20 @@ class _NoRollback(steplog.Reconciler):
         return 0
 
 
+def undo_folds_of_lost_sources(reconciler, sess, snaps, lost, undo) -> int:
+    """Undoes every logged fold of a lost PS's variables that `undo(entry, snaps)` picks."""
+    sources = {t for t, tg in reconciler.targets.items() if tg.kind == "data" and tg.ps in lost}
+    picked = [e for s in snaps.values() for e in s.entries if e.kind == 1 and e.source in sources and undo(e, snaps)]
+    for e in picked:
+        sess.run(reconciler._undo[e.target], {reconciler._seq: e.seq})
+    return len(picked)
+
+
 class _UndoFoldsOfLostSources(steplog.Reconciler):
-    """Case 5's bug: folds of a lost variable's uncommitted steps undone, committed ones too."""
+    """Case 5's bug: every logged fold of a lost variable undone, whatever the committed prefix."""
 
     def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
-        sources = {t for t, tg in self.targets.items() if tg.kind == "data" and tg.ps in lost}
-        n = 0
-        for s in snaps.values():
-            for e in s.entries:
-                if e.kind == 1 and e.source in sources:
-                    sess.run(self._undo[e.target], {self._seq: e.seq})
-                    n += 1
-        return n
+        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: True)
 
 
 @pytest.mark.parametrize("broken", [_NoRollback, _UndoFoldsOfLostSources])

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness import fault_schedule  # noqa: E402
 from harness.fault_schedule import Sequence, _CrashingSession, InjectedCrash  # noqa: E402
-from integration.test_fault_schedule import _NoRollback  # noqa: E402
+from integration.test_fault_schedule import _NoRollback, undo_folds_of_lost_sources  # noqa: E402
 from integration.tf_cluster import tf_cluster  # noqa: E402
 
 cluster = tf_cluster(num_ps=4)
@@ -78,15 +78,8 @@ class _UndoUncountedFoldsOfLostSources(_NoRollback):
     """The old rule for a lost data PS: undo the folds of steps not yet counted, keep the others."""
 
     def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
-        sources = {t for t, tg in self.targets.items() if tg.kind == "data" and tg.ps in lost}
         counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
-        n = 0
-        for s in snaps.values():
-            for e in s.entries:
-                if e.kind == 1 and e.source in sources and e.sid not in counted:
-                    sess.run(self._undo[e.target], {self._seq: e.seq})
-                    n += 1
-        return n
+        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted)
 
 
 # name -> (script, r, the earlier protocol's rule that corrupts it)
