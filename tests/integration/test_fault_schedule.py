@@ -62,14 +62,15 @@ def undo_folds_of_lost_sources(reconciler, sess, snaps, lost, undo) -> int:
     return len(picked)
 
 
-class _UndoFoldsOfLostSources(steplog.Reconciler):
-    """Case 5's bug: every logged fold of a lost variable undone, whatever the committed prefix."""
+class _UndoUncountedFoldsOfLostSources(steplog.Reconciler):
+    """The earlier rule for a lost data PS (case 5): undo the folds of steps not yet counted, keep the others."""
 
     def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
-        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: True)
+        counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
+        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted)
 
 
-@pytest.mark.parametrize("broken", [_NoRollback, _UndoFoldsOfLostSources])
+@pytest.mark.parametrize("broken", [_NoRollback, _UndoUncountedFoldsOfLostSources])
 def test_the_oracle_catches_a_broken_protocol(cluster, broken):
     stats = fault_schedule.run_sequences(
         cluster.target("chief"), list(range(200, 204)), k=2, r=2, num_ps=4, reconciler_cls=broken

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness import fault_schedule  # noqa: E402
 from harness.fault_schedule import Sequence, _CrashingSession, InjectedCrash  # noqa: E402
-from integration.test_fault_schedule import _NoRollback, undo_folds_of_lost_sources  # noqa: E402
+from integration.test_fault_schedule import _NoRollback, _UndoUncountedFoldsOfLostSources  # noqa: E402
 from integration.tf_cluster import tf_cluster  # noqa: E402
 
 cluster = tf_cluster(num_ps=4)
@@ -72,14 +72,6 @@ def _case5(seq: Sequence) -> None:
     seq.run_until(1, "round1")  # C applies the same rows of D, folds, counts: it waits to commit
     seq.run_until(0, "count")  # S folds into parity
     seq._kill_ps([1], scripted=True)  # then D dies
-
-
-class _UndoUncountedFoldsOfLostSources(_NoRollback):
-    """The old rule for a lost data PS: undo the folds of steps not yet counted, keep the others."""
-
-    def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
-        counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
-        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted)
 
 
 # name -> (script, r, the earlier protocol's rule that corrupts it)
