@@ -112,7 +112,8 @@ def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_w
     env = {"TF_ECREC_FAILPOINT": "worker_after_apply@worker:0@step=150", "TF_ECREC_FAILPOINT_DIR": str(model_dir)}
     report, err = _run(model_dir, "--ec", "2+2", "--ps", "4", "--workers", "3", "--steps", "900",
                        "--kill", "ps:1@step=300", "--kill", "ps:2@step=450", "--kill", "ps:3@step=450",
-                       "--kill", "chief:0@step=650", "--restart-delay", "1", env=env)
+                       "--kill", "chief:0@step=650", "--restart-delay", "1",
+                       "--checkpoint-steps", "5000", env=env)  # no checkpoint before the end: only the final one
     assert os.path.exists(model_dir / "tf_ecrec_failpoint_worker_after_apply_worker_0"), "the failpoint did not fire"
     ps_recoveries = [r for r in report["recovery"] if r["task"].startswith("ps:")]
     assert sorted(r["task"] for r in ps_recoveries) == ["ps:1", "ps:2", "ps:3"]
