@@ -216,48 +216,42 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             with tf.control_dependencies(after_apply):
                 fold_ops = {a.tid: a.fold() for a in applied}
             folds = [tf.group(*ops) if ops else tf.group(a.delta) for a, ops in zip(applied, fold_ops.values())]
-            after_fold = self._failpoints_after_fold(folds, step_value)
-            # Each later phase starts from a "gate" tensor that carries its
-            # predecessors as control dependencies; feeding the gate runs the
-            # phase alone (the fault-schedule harness drives steps that way).
+            # The ops themselves (not groups on the worker) so that what waits for them does so PS to PS.
+            after_fold = self._failpoints_after_fold(
+                [op for a, ops in zip(applied, fold_ops.values()) for op in (ops or [a.delta.op])], step_value
+            )
+            # Each later op reads a "gate": a tensor on its own PS that carries the
+            # op's predecessors as control dependencies (PS to PS, no hop through
+            # the worker). Feeding a gate runs its op alone (the fault-schedule
+            # harness drives steps that way).
             # Phase 3: count the step.
-            counts: dict[int, tf.Operation] = {}
-            count_gate = None
-            if global_step is None:
-                with tf.control_dependencies(after_fold):
-                    counted = tf.group(*folds)
-            else:
-                with tf.control_dependencies(after_fold):
-                    count_gate = tf.identity(tf.constant(1, global_step.dtype.base_dtype), name="count_gate")
-                counts = self._increment(global_step, count_gate)
-                counted = tf.group(*counts.values(), name="ec_global_step_increment")
+            counts: dict[int, tuple[tf.Tensor, tf.Operation]] = {}
+            if global_step is not None:
+                counts = self._increment(global_step, after_fold)
+            counted = [op for _, op in counts.values()] or after_fold
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
             # their applies), then round 2 everywhere (tf_ecrec.steplog).
-            with tf.control_dependencies([counted]):
-                round1_gate = tf.identity(self._sid, name="round1_gate")
-            round1 = {
-                p: ec_ops.delta_log_commit_in_order(self.logs[p], round1_gate, timeout_ms=self.commit_timeout_ms)
-                for p in sorted({device_task(a.device) for a in applied})
-            }
-            with tf.control_dependencies(list(round1.values())):
-                round2_gate = tf.identity(self._sid, name="round2_gate")
-            round2 = {p: ec_ops.delta_log_commit(log, round2_gate) for p, log in sorted(self.logs.items())}
-            train_op = tf.group(*round2.values(), name="ec_commit")
+            round1 = {}
+            for p in sorted({device_task(a.device) for a in applied}):
+                gate = _gate(self._sid, self.logs[p].device, counted)
+                round1[p] = (gate, ec_ops.delta_log_commit_in_order(self.logs[p], gate, timeout_ms=self.commit_timeout_ms))
+            round2 = {}
+            for p, log in sorted(self.logs.items()):
+                gate = _gate(self._sid, log.device, [op for _, op in round1.values()])
+                round2[p] = (gate, ec_ops.delta_log_commit(log, gate))
+            train_op = tf.group(*[op for _, op in round2.values()], name="ec_commit")
         # The ops ending each phase, for tests that cut a step between phases.
         self.phases = {
             "apply": tf.group(*[a.delta for a in applied]),
             "fold": tf.group(*folds),
-            "count": counted,
+            "count": tf.group(*counted),
         }
         self.program = StepProgram(
             sid=self._sid,
             applies={a.tid: (a.indices, a.delta, a.seq) for a in applied},
             folds=fold_ops,
-            count_gate=count_gate,
             counts=counts,
-            round1_gate=round1_gate,
             round1=round1,
-            round2_gate=round2_gate,
             round2=round2,
         )
         tf.compat.v1.add_to_collection(EC_PROTECTION, self)
@@ -486,7 +480,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     # ---- the global step ------------------------------------------------------------------
 
-    def _increment(self, global_step: tf.Variable, one: tf.Tensor) -> dict[int, tf.Operation]:
+    def _increment(self, global_step: tf.Variable, after: list[Any]) -> dict[int, tuple[tf.Tensor, tf.Operation]]:
         name = global_step.op.name
         if name not in self.replicas:
             num_ps = _num_ps(global_step)
@@ -506,12 +500,14 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             self.replicas[name] = replicas
             self.protected[name] = global_step
         ops = {}
+        one = tf.constant(1, global_step.dtype.base_dtype)
         gs_tid = self._target(name, device_task(global_step.device), [global_step], "counter")
         for copy in [global_step, *self.replicas[name]]:
             q = device_task(copy.device)
             tid = self._target(copy.op.name, q, [copy], "counter", -1 if copy is global_step else gs_tid)
+            gate = _gate(one, copy.device, after)
             with tf.device(copy.device):
-                ops[tid] = ec_ops.assign_add_logged(copy, one, **self._logged(q, tid))
+                ops[tid] = (gate, ec_ops.assign_add_logged(copy, gate, **self._logged(q, tid)))
         return ops
 
     # ---- the delta op of the rule ------------------------------------------------------------------
@@ -560,22 +556,24 @@ class StepProgram:
       applies: data target id -> (row indices, delta, seq) of its apply.
       folds: data target id -> its fold ops (inputs: that apply's indices,
         delta and seq, fed to run a fold alone).
-      count_gate: the increment (1) the counter adds read; feed it to run a
-        count alone. None without a global step.
-      counts: counter target id -> its increment op.
-      round1_gate, round2_gate: the sid as the commit rounds read it.
-      round1, round2: PS task -> that round's commit op.
+      counts: counter target id -> (gate, increment op): the gate is the 1 it
+        adds; feed it to run the increment alone. Empty without a global step.
+      round1, round2: PS task -> (gate, that round's commit op): the gate is
+        the sid as the op reads it; feed it to run the op alone.
     """
 
     sid: tf.Tensor
     applies: dict[int, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]
     folds: dict[int, list[tf.Operation]]
-    count_gate: tf.Tensor | None
-    counts: dict[int, tf.Operation]
-    round1_gate: tf.Tensor
-    round1: dict[int, tf.Operation]
-    round2_gate: tf.Tensor
-    round2: dict[int, tf.Operation]
+    counts: dict[int, tuple[tf.Tensor, tf.Operation]]
+    round1: dict[int, tuple[tf.Tensor, tf.Operation]]
+    round2: dict[int, tuple[tf.Tensor, tf.Operation]]
+
+
+def _gate(value: tf.Tensor, device: str, after: list[Any]) -> tf.Tensor:
+    """`value` on `device` once `after` ran: what an op of a later phase reads (see apply_gradients)."""
+    with tf.device(device), tf.control_dependencies(after):
+        return tf.identity(value, name="gate")
 
 
 def _read(variable: Any) -> tf.Tensor:

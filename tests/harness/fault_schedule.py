@@ -300,14 +300,11 @@ class Sequence:
             feed.update({a_indices: indices, a_delta: delta, a_seq: seq})
             fetch = p.folds[tid][i]
         elif kind == "count":
-            feed[p.count_gate] = 1
-            fetch = p.counts[arg]
-        elif kind == "round1":
-            feed[p.round1_gate] = step.sid
-            fetch = p.round1[arg]
+            gate, fetch = p.counts[arg]
+            feed[gate] = 1
         else:
-            feed[p.round2_gate] = step.sid
-            fetch = p.round2[arg]
+            gate, fetch = (p.round1 if kind == "round1" else p.round2)[arg]
+            feed[gate] = step.sid
         self.stats.actions += 1
         try:
             out = self.sess.run(fetch, feed, options=tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS))
