@@ -75,10 +75,6 @@ ROUND1_TIMEOUT_MS = 60_000
 """How long a step's round-1 commit waits for an earlier step before failing (Aborted)."""
 
 
-def generation_of(sid: int) -> int:
-    return int(sid) >> GENERATION_SHIFT
-
-
 def new_step_id(generation: int = 0) -> tf.Tensor:
     """A fresh random step id per session.run, ``generation`` in its top bits."""
     if not 0 <= generation <= MAX_GENERATION:
@@ -114,8 +110,6 @@ class SettleReport:
     finished: int = 0
     committed: int = 0
     rolled_back: int = 0
-    undone_sids: list[int] = dataclasses.field(default_factory=list)
-    finished_sids: list[int] = dataclasses.field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
@@ -266,10 +260,8 @@ class Reconciler:
             mine = [(p, e) for p, e in entries if e.sid == sid]
             if self._settle_step(sess, snaps, sid, mine, alive):
                 report.undone += 1
-                report.undone_sids.append(sid)
             else:
                 report.finished += 1
-                report.finished_sids.append(sid)
         # D. commit, round 1 then round 2 (never round 2 before round 1 is complete).
         blocked = False
         for p in alive:
