@@ -172,6 +172,18 @@ def test_a_corrupt_snapshot_is_an_error_not_a_fresh_start(tmp_path) -> None:
         MasterState(SnapshotStore(str(tmp_path)))
 
 
+@pytest.mark.parametrize("text", [
+    '[1, 2]',
+    '{"format": 1, "version": 3}',
+    '{"format": 1, "version": 0, "ps_version": 0, "tasks": 5, "datasets": [], "barriers": []}',
+    '{"format": 1, "version": 0, "ps_version": 0, "tasks": [{"task_id": "worker:0"}], "datasets": [], "barriers": []}',
+])
+def test_a_structurally_wrong_snapshot_is_a_master_error(tmp_path, text) -> None:
+    (tmp_path / "state.json").write_text(text)
+    with pytest.raises(MasterError, match="master state (is malformed|format)"):
+        MasterState(SnapshotStore(str(tmp_path)))
+
+
 def test_standalone_main_rejects_an_empty_token_file(tmp_path, capsys) -> None:
     token = tmp_path / "token"
     token.write_text("\n")

@@ -223,21 +223,28 @@ class MasterState:
                              for k, b in self._barriers.items()],
             }
 
-    def _load(self, data: Dict[str, Any]) -> None:
-        if data.get("format") != _STATE_FORMAT:
-            raise MasterError(f"master state format {data.get('format')!r}; rule: "
-                              f"{_STATE_FORMAT}")
-        self._version, self._ps_version = int(data["version"]), int(data["ps_version"])
+    def _load(self, data: Any) -> None:
+        if not isinstance(data, dict) or data.get("format") != _STATE_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise MasterError(f"master state format {found!r}; rule: {_STATE_FORMAT}")
+        try:
+            version, ps_version = int(data["version"]), int(data["ps_version"])
+            tasks = [TaskRecord(**raw) for raw in data["tasks"]]
+            queues = [ShardQueue.from_dict(raw) for raw in data["datasets"]]
+            barriers = {key: _Barrier(set(expected), set(arrived), bool(done))
+                        for key, expected, arrived, done in data["barriers"]}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MasterError(
+                f"master state is malformed ({type(exc).__name__}: {exc}); rule: a snapshot this "
+                "master wrote; move it away to start fresh") from exc
+        self._version, self._ps_version = version, ps_version
         now = self._clock()
-        for raw in data["tasks"]:
-            record = TaskRecord(**raw)
+        for record in tasks:
             self._tasks[record.task_id] = record
             self._seen[record.task_id] = now
-        for raw in data["datasets"]:
-            queue = ShardQueue.from_dict(raw)
+        for queue in queues:
             self._datasets[queue.spec.name] = queue
-        for key, expected, arrived, done in data["barriers"]:
-            self._barriers[key] = _Barrier(set(expected), set(arrived), bool(done))
+        self._barriers.update(barriers)
 
     def interrupt_waiters(self) -> None:
         """Ends every barrier wait with ``MasterUnavailable``; for shutdown."""
