@@ -104,7 +104,8 @@ class EmbeddedHarness:
 
     def expire(self, backend: MembershipBackend, member: Member) -> None:
         with MasterClient(self.master.address, None) as observer:
-            observer.report_failure(member.key, reason="expired by the test")
+            generation = observer.get_cluster().alive()[member.key].generation
+            observer.report_failure(member.key, reason="expired by the test", generation=generation)
 
     def restart_server(self) -> None:
         port = self.master.port

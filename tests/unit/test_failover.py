@@ -213,7 +213,7 @@ def test_master_source_reports_alive_ps_at_their_last_address():
         watcher = MasterClient(master.address, "chief", 0, timeout=2.0)
         source = MasterClusterSource(watcher, 3)
         assert source.ps_addresses() == PS
-        watcher.report_failure("ps:1", reason="killed by the test")
+        watcher.report_failure("ps:1", reason="killed by the test", generation=clients[1].generation)
         assert source.ps_addresses() == [PS[0], None, PS[2]]
         MasterClient(master.address, "ps", 1, timeout=2.0).register("127.0.0.1:4001")
         assert source.ps_addresses() == [PS[0], "127.0.0.1:4001", PS[2]]
@@ -227,13 +227,14 @@ def test_the_file_and_the_master_agree_on_the_same_story(tmp_path):
     moments = [PS, [PS[0], None, PS[2]], [PS[0], "127.0.0.1:4001", PS[2]]]
     master = start_master(fsync=False)
     try:
-        for i, address in enumerate(PS):
-            MasterClient(master.address, "ps", i, timeout=2.0).register(address)
+        ps = [MasterClient(master.address, "ps", i, timeout=2.0) for i in range(len(PS))]
+        for client, address in zip(ps, PS):
+            client.register(address)
         watcher = MasterClient(master.address, "chief", 0, timeout=2.0)
         by_master, by_file = [], []
         for k, moment in enumerate(moments):
             if k == 1:
-                watcher.report_failure("ps:1", reason="down")
+                watcher.report_failure("ps:1", reason="down", generation=ps[1].generation)
             if k == 2:
                 MasterClient(master.address, "ps", 1, timeout=2.0).register(moment[1])
             write_cluster_file(path, {"ps": [a or "" for a in moment]})
