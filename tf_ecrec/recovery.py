@@ -32,8 +32,8 @@ covers                        "checkpoint"``), re-encode; without a checkpoint
                               raise `RecoveryError`
 ============================  =================================================
 
-Initialisation, rebuild and restore run with `LONG_OP_TIMEOUT_MS` as their
-deadline, not the session's operation timeout.
+Initialisation, rebuild, restore and checkpoint saves run with
+`LONG_OP_TIMEOUT_MS` as their deadline, not the session's operation timeout.
 
 Everything is decided and computed on the chief with ops built before the
 graph was finalized: one read of the surviving variables, decoding in NumPy
@@ -60,6 +60,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from tensorflow.python.client import session as tf_session
 
 from tf_ecrec import codec
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
@@ -522,13 +524,18 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
 class ECSaver(tf.compat.v1.train.Saver):
     """A Saver whose restore() rebuilds from parity when it can, and restores the checkpoint only when it must.
 
-    Saving is the stock Saver's.  `SessionManager` calls ``restore`` when the
+    Saving is the stock Saver's, under the long deadline: the session's
+    operation timeout is there to end waits on a dead task, and must not cut
+    the save of a large model.  `SessionManager` calls ``restore`` when the
     model dir has a checkpoint; the decision is `RecoveryPlan.prepare`'s.
     """
 
     def __init__(self, plan: RecoveryPlan, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._plan = plan
+
+    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
+        return super().save(_LongDeadline(sess), *args, **kwargs)
 
     def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
         self._plan.prepare(sess, restore=lambda: self._restore(sess, save_path))
@@ -540,6 +547,32 @@ class ECSaver(tf.compat.v1.train.Saver):
             self.saver_def.restore_op_name, {self.saver_def.filename_tensor_name: save_path},
             options=tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS),
         )
+
+
+class _LongDeadline(tf_session.SessionInterface):
+    """A session whose calls without their own `RunOptions` run under `LONG_OP_TIMEOUT_MS`."""
+
+    def __init__(self, sess: Any) -> None:
+        self._sess = sess
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self._sess.graph
+
+    @property
+    def sess_str(self) -> str:
+        return getattr(self._sess, "sess_str", "")
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        if options is None:
+            options = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
+        return self._sess.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
+
+    def partial_run_setup(self, *args: Any, **kwargs: Any) -> Any:
+        return self._sess.partial_run_setup(*args, **kwargs)
+
+    def partial_run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._sess.partial_run(*args, **kwargs)
 
 
 def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:

@@ -16,9 +16,10 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
+from tensorflow.python.training.saving import saveable_object
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.recovery import ECSaver, RecoveryPlan
 from tf_ecrec.verify import check_parity
 
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
@@ -139,3 +140,41 @@ def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for
         sess.run(reset)
         with pytest.raises(RecoveryError, match="the job had started"):
             plan.prepare(sess, restore=None)
+
+
+class _GatedSaveable(saveable_object.SaveableObject):
+    """A saveable whose tensor is a dequeue: the save takes exactly as long as the test holds the gate."""
+
+    def __init__(self, queue: tf.queue.FIFOQueue) -> None:
+        tensor = queue.dequeue()
+        super().__init__(tensor, [saveable_object.SaveSpec(tensor, "", "gated")], "gated")
+
+    def restore(self, restored_tensors, restored_shapes):
+        return tf.no_op()
+
+
+def test_a_checkpoint_save_is_not_cut_by_the_session_operation_timeout(cluster, tmp_path):  # noqa: F811
+    """The session's operation timeout ends waits on dead tasks; ECSaver saves a slow (large) model under the long deadline."""
+    graph, ids, train, opt, plan, init, variables = _build(cluster, optimizer="sgd")
+    with graph.as_default():
+        with tf.compat.v1.device("/job:ps/task:0"):
+            gate = tf.queue.FIFOQueue(4, tf.float32, shapes=[[]], shared_name="save_gate")
+            release = gate.enqueue(1.0)
+        stock = tf.compat.v1.train.Saver(var_list=[_GatedSaveable(gate)], sharded=True)
+        ours = ECSaver(plan, var_list=[_GatedSaveable(gate)], sharded=True)
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=2000)
+    (tmp_path / "stock").mkdir()
+    (tmp_path / "ours").mkdir()
+    with tf.compat.v1.Session(cluster["targets"][0], graph=graph, config=config) as sess:
+        sess.run(init)
+        # The setup would catch the bug: the stock save, slower than the operation timeout, is cut.
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            stock.save(sess, str(tmp_path / "stock" / "model"), global_step=1)
+        opener = threading.Timer(4.0, lambda: sess.run(release))
+        opener.start()
+        started = time.monotonic()
+        path = ours.save(sess, str(tmp_path / "ours" / "model"), global_step=1)
+        opener.join()
+    assert time.monotonic() - started >= 3.5  # it waited for the gate, past the 2 s timeout
+    assert path.endswith("model-1")
+    assert "gated" in tf.train.load_checkpoint(path).get_variable_to_shape_map()
