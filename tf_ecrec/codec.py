@@ -98,6 +98,7 @@ __all__ = [
     "Code",
     "bitwise_delta",
     "decode",
+    "decoding_coefficients",
     "encode",
     "gf_inv",
     "gf_mul",
@@ -495,6 +496,39 @@ def _recovery_rows(k: int, r: int, survivors: tuple[int, ...]) -> np.ndarray:
     inverse = _invert(generator[list(survivors)])
     logger.debug("inverted the decoding matrix of code (%d, %d) for survivors %s", k, r, survivors)
     return _matmul(generator, inverse)
+
+
+def decoding_coefficients(code: Code, present: Iterable[int], index: int) -> np.ndarray:
+    """How :func:`decode` writes chunk ``index`` as a combination of the chunks ``present``.
+
+    Returns ``coef``, ``int64 [n]``: ``chunk[index] = XOR_j coef[j] * chunk[j]``
+    in GF(2^16) (symbol by symbol, see :func:`gf_mul_bytes`), nonzero only on
+    the first ``k`` present indices (data before parity, as :func:`decode`
+    reads them). A present ``index`` is itself (``coef[index] = 1``). With
+    the ``k`` data chunks present it gives the encoding of a parity.
+
+    Raises:
+        CodecError: If an index is out of range.
+        ReconstructionError: If ``index`` is not present and fewer than ``k`` chunks are.
+    """
+    have = sorted(dict.fromkeys(int(i) for i in present))
+    for i in have + [int(index)]:
+        if not 0 <= i < code.n:
+            raise CodecError(f"chunk index {i} is out of range 0..{code.n - 1} for code ({code.k}, {code.r})")
+    coef = np.zeros(code.n, dtype=np.int64)
+    if index in have:
+        coef[index] = 1
+        return coef
+    if len(have) < code.k:
+        raise ReconstructionError(
+            f"cannot rebuild chunk {index} of a code ({code.k}, {code.r}) stripe from chunks {have}: "
+            f"{code.k} are needed"
+        )
+    survivors = tuple(have[: code.k])
+    rows = _recovery_rows(code.k, code.r, survivors)
+    for s, j in enumerate(survivors):
+        coef[j] = int(rows[index, s])
+    return coef
 
 
 def decode(code: Code, chunks: Mapping[int, np.ndarray], want: Iterable[int]) -> dict[int, np.ndarray]:

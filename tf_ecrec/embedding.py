@@ -134,15 +134,14 @@ class EmbeddingCollection:
         self.chunk_rows = int(self.table_layout.chunk_rows)
         chunks = self.table_layout.data_chunks
         self.chunk_ps = np.array([c.ps for c in chunks], dtype=np.int32)
-        # Local position of every data chunk within its PS's variable.
-        self.chunk_local = np.zeros(len(chunks), dtype=np.int64)
-        self.data_chunks_on: dict[int, list[Any]] = {p: [] for p in range(self.num_ps)}
-        for c in sorted(chunks, key=lambda c: c.chunk):
-            self.chunk_local[c.chunk] = len(self.data_chunks_on[c.ps])
-            self.data_chunks_on[c.ps].append(c)
-        self.parity_chunks_on: dict[int, list[Any]] = {p: [] for p in range(self.num_ps)}
-        for c in sorted(self.table_layout.parity_chunks, key=lambda c: (c.stripe, c.position)):
-            self.parity_chunks_on[c.ps].append(c)
+        # Local position of every data chunk within its PS's variable (placement owns the order).
+        self.chunk_local = np.array([self.table_layout.local_index(c) for c in chunks], dtype=np.int64)
+        self.data_chunks_on: dict[int, list[Any]] = {
+            p: list(self.table_layout.chunks_on(p, placement.DATA)) for p in range(self.num_ps)
+        }
+        self.parity_chunks_on: dict[int, list[Any]] = {
+            p: list(self.table_layout.chunks_on(p, placement.PARITY)) for p in range(self.num_ps)
+        }
         init = initializer or tf.compat.v1.random_uniform_initializer(-0.05, 0.05)
         self.data: dict[int, tf.Variable] = {}
         with tf.compat.v1.variable_scope("ec"), tf.compat.v1.variable_scope(name):

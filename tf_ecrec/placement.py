@@ -295,6 +295,35 @@ class TableLayout:
         ps.flags.writeable = False
         return ps
 
+    @functools.cached_property
+    def _on_ps(self) -> dict[tuple[int, str], tuple[ChunkSpec, ...]]:
+        on: dict[tuple[int, str], list[ChunkSpec]] = {}
+        for c in self.data_chunks + self.parity_chunks:  # chunk-number order within each kind
+            on.setdefault((c.ps, c.kind), []).append(c)
+        return {key: tuple(chunks) for key, chunks in on.items()}
+
+    @functools.cached_property
+    def _local(self) -> dict[ChunkSpec, int]:
+        return {c: i for chunks in self._on_ps.values() for i, c in enumerate(chunks)}
+
+    def chunks_on(self, ps: int, kind: str) -> tuple[ChunkSpec, ...]:
+        """The chunks of ``kind`` (DATA or PARITY) held by ``ps``, in the order its variable of that kind stacks them.
+
+        A PS holds one variable per kind (and per slot) for the table: its
+        chunks of that kind one after another, in chunk-number order (for
+        parity: stripe, then parity index).
+        """
+        return self._on_ps.get((int(ps), kind), ())
+
+    def local_index(self, chunk: ChunkSpec) -> int:
+        """Position of ``chunk`` in :meth:`chunks_on` of its PS and kind."""
+        return self._local[chunk]
+
+    def local_rows(self, chunk: ChunkSpec) -> tuple[int, int]:
+        """Rows ``[start, stop)`` of ``chunk`` in its PS's variable of its kind."""
+        start = self.local_index(chunk) * self.chunk_rows
+        return start, start + self.chunk_rows
+
     def locate(self, row: int) -> RowLocation:
         """Return where table row ``row`` lives.
 

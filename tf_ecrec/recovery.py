@@ -35,11 +35,12 @@ covers                        "checkpoint"``), re-encode; without a checkpoint
 Initialisation, rebuild, restore and checkpoint saves run with
 `LONG_OP_TIMEOUT_MS` as their deadline, not the session's operation timeout.
 
-Everything is decided and computed on the chief with ops built before the
-graph was finalized: one read of the surviving variables, decoding in NumPy
-with the exact codes of `tf_ecrec.codec`, one assignment of the rebuilt
-variables.  No checkpoint is read when parity suffices, and surviving PS
-keep their state.
+The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost
+variables are allocated on their PS and decoded there in bounded slices
+from the surviving stripe members with the C++ GF(2^16) kernels, dense
+variables copied from a surviving replica, with ops built before the graph
+was finalized.  No table bytes pass through the chief, no checkpoint is read
+when parity suffices, and surviving PS keep their state.
 
 Workers wait for the chief with a ready op that raises ``AbortedError``
 (instead of reporting "not ready") while variables are missing: their
@@ -63,10 +64,10 @@ import tensorflow as tf
 
 from tensorflow.python.client import session as tf_session
 
-from tf_ecrec import codec
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES, Rebuilder
 from tf_ecrec.steplog import Reconciler, SettleReport
 
 _LOG = logging.getLogger(__name__)
@@ -125,9 +126,12 @@ class RecoveryPlan:
       listener: called with every `RecoveryResult` (e.g. to report it).
       model_dir: where the job persists (the marker that it started lives
         there); without it a partly initialised cluster is taken for lost PS.
+      slice_bytes: rows of a chunk the rebuild moves per session call
+        (`tf_ecrec.rebuild`), in bytes.
     """
 
-    def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None) -> None:
+    def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
+                 slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
         self._opt = optimizer
         self._marker = os.path.join(model_dir, STARTED_MARKER) if model_dir else None
         self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
@@ -138,14 +142,10 @@ class RecoveryPlan:
         self._by_name = {v.op.name: v for v in self.variables}
         with tf.name_scope("ec_recovery"):
             self._initialized = tf.stack([v.is_initialized() for v in self.variables])
-            self._reads = {v.op.name: v.read_value() for v in self.variables}
-            self._feeds: dict[str, Any] = {}
-            self._assigns: dict[str, tf.Operation] = {}
-            for v in self.variables:
-                ph = tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape, name="value")
-                self._feeds[v.op.name] = ph
-                self._assigns[v.op.name] = v.assign(ph, read_value=False)
+            step = tf.compat.v1.train.get_global_step()
+            self._step = step.read_value() if step is not None else None
             self._init_all = tf.compat.v1.global_variables_initializer()
+        self.rebuilder = Rebuilder(optimizer, self._colls, slice_bytes=slice_bytes)
         self.reconciler = Reconciler(
             optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
         )
@@ -228,9 +228,9 @@ class RecoveryPlan:
             # prefix (tf_ecrec.steplog) before decoding.
             self._raise_generation(sess, alive)
             report = self.reconciler.settle(sess, alive, lost)
-            written = self._rebuild(sess, lost)
+            stats = self.rebuilder.rebuild(sess, lost, options=self._long)
             self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
-            result = RecoveryResult("parity", lost, len(written), int(sum(v.nbytes for v in written.values())))
+            result = RecoveryResult("parity", lost, stats.variables, stats.bytes)
             result.settled(report)
             return self._done(result, started, sess)
         if restore is None:
@@ -246,9 +246,8 @@ class RecoveryPlan:
 
     def _done(self, result: RecoveryResult, started: float, sess: tf.compat.v1.Session) -> RecoveryResult:
         result.seconds = time.time() - started
-        step = tf.compat.v1.train.get_global_step()
-        if step is not None and step.op.name in self._reads:
-            result.global_step = int(sess.run(self._reads[step.op.name]))
+        if self._step is not None:
+            result.global_step = int(sess.run(self._step))
         if result.method in ("parity", "checkpoint"):
             _LOG.warning(
                 "recovery: method=%s lost_ps=%s variables=%d bytes=%d seconds=%.3f global_step=%s",
@@ -312,142 +311,9 @@ class RecoveryPlan:
 
     # ---- rebuilding ---------------------------------------------------------------------------
 
-    def _rebuild(self, sess: tf.compat.v1.Session, lost: Sequence[int]) -> dict[str, np.ndarray]:
-        lost_set = set(lost)
-        alive = {name: self._reads[name] for name, v in self._by_name.items() if device_task(v.device) not in lost_set}
-        values = sess.run(alive, options=self._long)
-        written: dict[str, np.ndarray] = {}
-        for coll in self._colls:
-            written.update(self._rebuild_collection(coll, values, lost_set))
-        written.update(self._rebuild_replicated(values, lost_set))
-        self._assign(sess, written)
-        return written
-
-    def _rebuild_collection(self, coll: EmbeddingCollection, values: dict[str, np.ndarray], lost: set[int]) -> dict[str, np.ndarray]:
-        opt = self._opt
-        code = codec.Code(coll.ec.k, coll.ec.r)
-        c, dim = coll.chunk_rows, coll.dim
-        nslots = len(opt.rule.slots)
-        width = (1 + nslots) * dim
-
-        def data_bits(p: int) -> np.ndarray:
-            var = coll.data[p]
-            parts = [values[var.op.name]] + [values[s.op.name] for s in opt.slots_of(var)]
-            return np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32)
-
-        parity_vars = opt.parity[coll.name]
-        survivors_data = {p: data_bits(p) for p in coll.data if p not in lost}
-        survivors_parity = {q: values[v.op.name] for q, v in parity_vars.items() if q not in lost}
-        new_data = {p: np.zeros([len(coll.data_chunks_on[p]) * c, width], np.int32) for p in coll.data if p in lost}
-        new_parity = {q: np.zeros(v.shape.as_list(), np.int32) for q, v in parity_vars.items() if q in lost}
-        for stripe in coll.table_layout.stripes:
-            gone = [ch for ch in stripe.chunks if ch.ps in lost]
-            if not gone:
-                continue
-            have: dict[int, np.ndarray] = {}
-            for ch in stripe.chunks:
-                if ch.ps in lost:
-                    continue
-                if ch.kind == "data":
-                    lc = int(coll.chunk_local[ch.chunk])
-                    have[ch.index_in_stripe] = survivors_data[ch.ps][lc * c : (lc + 1) * c]
-                else:
-                    lpi = coll.parity_chunks_on[ch.ps].index(ch)
-                    have[ch.index_in_stripe] = survivors_parity[ch.ps][lpi * c : (lpi + 1) * c]
-            rebuilt = codec.decode(code, have, [ch.index_in_stripe for ch in gone])
-            for ch in gone:
-                if ch.kind == "data":
-                    lc = int(coll.chunk_local[ch.chunk])
-                    new_data[ch.ps][lc * c : (lc + 1) * c] = rebuilt[ch.index_in_stripe]
-                else:
-                    lpi = coll.parity_chunks_on[ch.ps].index(ch)
-                    new_parity[ch.ps][lpi * c : (lpi + 1) * c] = rebuilt[ch.index_in_stripe]
-        out: dict[str, np.ndarray] = {}
-        for p, bits in new_data.items():
-            floats = bits.view(np.float32)
-            var = coll.data[p]
-            out[var.op.name] = np.ascontiguousarray(floats[:, :dim])
-            for i, slot in enumerate(opt.slots_of(var)):
-                out[slot.op.name] = np.ascontiguousarray(floats[:, (i + 1) * dim : (i + 2) * dim])
-        for q, bits in new_parity.items():
-            out[parity_vars[q].op.name] = bits
-        return out
-
-    def _rebuild_replicated(self, values: dict[str, np.ndarray], lost: set[int]) -> dict[str, np.ndarray]:
-        opt = self._opt
-        out: dict[str, np.ndarray] = {}
-        for name, reps in opt.replicas.items():
-            primary = opt.protected[name]
-            slots = opt.slots_of(primary)
-            primary_lost = device_task(primary.device) in lost
-            if primary.dtype.base_dtype == tf.int64 and primary.shape.rank == 0:  # the global step
-                source = values[name] if not primary_lost else next(
-                    values[r.op.name] for r in reps if device_task(r.device) not in lost
-                )
-                for v in [primary, *reps]:
-                    if device_task(v.device) in lost:
-                        out[v.op.name] = np.asarray(source, dtype=np.int64)
-                continue
-            shape = primary.shape.as_list()
-            rows = shape[0]
-            per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-            if primary_lost:
-                bits = next(values[r.op.name] for r in reps if device_task(r.device) not in lost)
-                floats = np.ascontiguousarray(bits).view(np.float32)
-                for i, v in enumerate([primary, *slots]):
-                    out[v.op.name] = np.ascontiguousarray(floats[:, i * per_row : (i + 1) * per_row]).reshape(shape)
-            else:
-                bits = np.concatenate([values[v.op.name].reshape(rows, -1) for v in [primary, *slots]], axis=1)
-                bits = np.ascontiguousarray(bits).view(np.int32)
-            for r in reps:
-                if device_task(r.device) in lost:
-                    out[r.op.name] = bits
-        return out
-
     def _reencode(self, sess: tf.compat.v1.Session) -> None:
         """Re-encodes every parity and replica from the data (after a checkpoint restore)."""
-        values = sess.run(self._reads, options=self._long)
-        out: dict[str, np.ndarray] = {}
-        for coll in self._colls:
-            opt = self._opt
-            code = codec.Code(coll.ec.k, coll.ec.r)
-            c = coll.chunk_rows
-            bits = {}
-            for p, var in coll.data.items():
-                parts = [values[var.op.name]] + [values[s.op.name] for s in opt.slots_of(var)]
-                bits[p] = np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32)
-            parity = {q: np.zeros(v.shape.as_list(), np.int32) for q, v in opt.parity[coll.name].items()}
-            for stripe in coll.table_layout.stripes:
-                data = [bits[d.ps][int(coll.chunk_local[d.chunk]) * c : (int(coll.chunk_local[d.chunk]) + 1) * c] for d in stripe.data]
-                for pc, value in zip(stripe.parity, codec.encode(code, data)):
-                    lpi = coll.parity_chunks_on[pc.ps].index(pc)
-                    parity[pc.ps][lpi * c : (lpi + 1) * c] = value
-            out.update({opt.parity[coll.name][q].op.name: v for q, v in parity.items()})
-        out.update(self._replicas_from_primaries(values))
-        self._assign(sess, out)
-
-    def _replicas_from_primaries(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every replica recomputed from its primary (and the primary's slots)."""
-        opt = self._opt
-        out: dict[str, np.ndarray] = {}
-        for name, reps in opt.replicas.items():
-            primary = opt.protected[name]
-            if primary.shape.rank == 0:  # the global step
-                bits = np.asarray(values[name], dtype=np.int64)
-            else:
-                rows = primary.shape.as_list()[0]
-                parts = [values[v.op.name].reshape(rows, -1) for v in [primary, *opt.slots_of(primary)]]
-                bits = np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32)
-            for r in reps:
-                out[r.op.name] = bits
-        return out
-
-    def _assign(self, sess: tf.compat.v1.Session, new_values: dict[str, np.ndarray]) -> None:
-        if not new_values:
-            return
-        sess.run(
-            [self._assigns[n] for n in new_values], {self._feeds[n]: v for n, v in new_values.items()}, options=self._long
-        )
+        self.rebuilder.reencode(sess, options=self._long)
 
 
 class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):

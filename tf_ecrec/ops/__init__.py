@@ -85,6 +85,7 @@ __all__ = [
     "as_words",
     "assign_add_logged",
     "check_build_info",
+    "combine_rows",
     "delta_log",
     "delta_log_commit",
     "delta_log_commit_in_order",
@@ -100,10 +101,12 @@ __all__ = [
     "parity_update",
     "parse_delta_log",
     "read_build_info",
+    "read_row_words",
     "sparse_apply_adagrad_with_delta",
     "sparse_apply_adam_with_delta",
     "sparse_apply_ftrl_with_delta",
     "sparse_apply_sgd_with_delta",
+    "write_row_words",
     "xor_rows",
 ]
 
@@ -140,6 +143,9 @@ OP_NAMES = (
     "EcRec>DeltaLogRead",
     "EcRec>DeltaLogUndo",
     "EcRec>XorRows",
+    "EcRec>ReadRowWords",
+    "EcRec>CombineRows",
+    "EcRec>WriteRowWords",
 )
 """Registered names of the ops in ``_ec_ops.so`` (those wrapped here)."""
 
@@ -911,6 +917,79 @@ def xor_rows(
         vars=[_handle(v, "variables") for v in variables],
         rows=_indices(rows, "rows"),
         delta=tf.convert_to_tensor(delta, dtype=tf.int32, name="delta"),
+        name=name,
+    )
+
+
+def read_row_words(
+    variables: Union[VariableLike, Sequence[VariableLike]],
+    start: IntLike,
+    count: IntLike,
+    name: Optional[str] = None,
+) -> tf.Tensor:
+    """Rows ``[start, start + count)`` of the variables as int32 words, side by side.
+
+    The variables are seen as in :func:`xor_rows`. ``count == 0`` returns a
+    ``[0, 0]`` tensor without looking the variables up, so the read of a
+    chunk that is not wanted (lost, uninitialised) costs nothing and fails
+    nothing.
+
+    Args:
+        variables: One resource variable or a list of distinct ones, of equal row counts.
+        start: int64 scalar, first row.
+        count: int64 scalar, number of rows.
+        name: Op name.
+    """
+    if not isinstance(variables, (list, tuple)):
+        variables = [variables]
+    return _ops.ec_rec_read_row_words(
+        vars=[_handle(v, "variables") for v in variables],
+        start=tf.convert_to_tensor(start, dtype=tf.int64, name="start"),
+        count=tf.convert_to_tensor(count, dtype=tf.int64, name="count"),
+        name=name,
+    )
+
+
+def combine_rows(coefs: tf.Tensor, parts: Sequence[tf.Tensor], bits: int = 16, name: Optional[str] = None) -> tf.Tensor:
+    """``XOR_j coefs[j] * parts[j]`` in GF(2^bits), symbol by symbol (the codec's linear combination).
+
+    Parts whose coefficient is 0 are ignored whatever their shape; the
+    others must share one shape ``[n, W]``.
+
+    Args:
+        coefs: int32 ``[len(parts)]``.
+        parts: int32 matrices.
+        bits: 16 (`tf_ecrec.codec`'s field) or 8.
+        name: Op name.
+    """
+    return _ops.ec_rec_combine_rows(
+        coefs=tf.convert_to_tensor(coefs, dtype=tf.int32, name="coefs"),
+        parts=[tf.convert_to_tensor(p, dtype=tf.int32) for p in parts],
+        bits=bits,
+        name=name,
+    )
+
+
+def write_row_words(
+    variables: Union[VariableLike, Sequence[VariableLike]],
+    start: IntLike,
+    words: tf.Tensor,
+    name: Optional[str] = None,
+) -> Optional[tf.Operation]:
+    """Writes rows ``[start, start + n)`` of the variables from int32 words (split as in :func:`xor_rows`).
+
+    Args:
+        variables: One initialised resource variable or a list of distinct ones, of equal row counts.
+        start: int64 scalar, first row.
+        words: int32 ``[n, sum W_v]``; empty writes nothing.
+        name: Op name.
+    """
+    if not isinstance(variables, (list, tuple)):
+        variables = [variables]
+    return _ops.ec_rec_write_row_words(
+        vars=[_handle(v, "variables") for v in variables],
+        start=tf.convert_to_tensor(start, dtype=tf.int64, name="start"),
+        words=tf.convert_to_tensor(words, dtype=tf.int32, name="words"),
         name=name,
     )
 

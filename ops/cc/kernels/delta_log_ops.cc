@@ -12,6 +12,7 @@
 
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/word_tables.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -23,26 +24,6 @@ namespace tensorflow {
 namespace ec_rec {
 namespace {
 
-// A variable seen as a matrix of 32-bit words: rows = dim 0 (1 for a
-// scalar), `words` per row = elements of a row * sizeof(element) / 4.
-struct WordTable {
-  char* base = nullptr;
-  int64_t rows = 0;
-  int64_t words = 0;
-};
-
-WordTable WordsOf(Tensor* t) {
-  WordTable table;
-  const TensorShape& shape = t->shape();
-  int64_t row_elements = 1;
-  for (int d = 1; d < shape.dims(); ++d) row_elements *= shape.dim_size(d);
-  table.rows = shape.dims() == 0 ? 1 : shape.dim_size(0);
-  table.words = row_elements * static_cast<int64_t>(DataTypeSize(t->dtype())) /
-                static_cast<int64_t>(sizeof(int32_t));
-  table.base = const_cast<char*>(t->tensor_data().data());
-  return table;
-}
-
 inline void XorInto(const int32_t* src, char* dst, int64_t words) {
   for (int64_t j = 0; j < words; ++j) {
     uint32_t word;
@@ -50,34 +31,6 @@ inline void XorInto(const int32_t* src, char* dst, int64_t words) {
     word ^= static_cast<uint32_t>(src[j]);
     std::memcpy(dst + j * sizeof(uint32_t), &word, sizeof(word));
   }
-}
-
-// The locked variables of inputs [first, first + n) as word tables of equal
-// row count; `*width` is the sum of their row widths.
-Status LockWordTables(OpKernelContext* ctx, int first, int n,
-                      LockedVariables* vars, std::vector<WordTable>* tables,
-                      int64_t* width) {
-  std::vector<std::string> labels(n);
-  std::vector<const char*> names(n);
-  std::vector<int> inputs(n);
-  for (int i = 0; i < n; ++i) {
-    labels[i] = n == 1 ? std::string("var") : strings::StrCat("vars[", i, "]");
-    names[i] = labels[i].c_str();
-    inputs[i] = first + i;
-  }
-  TF_RETURN_IF_ERROR(vars->AcquireWords(ctx, inputs, names));
-  *width = 0;
-  for (int i = 0; i < n; ++i) {
-    tables->push_back(WordsOf(vars->tensor(i)));
-    const WordTable& table = tables->back();
-    if (table.rows != tables->front().rows) {
-      return errors::InvalidArgument(
-          "`", names[i], "` has ", table.rows, " rows but `", names[0],
-          "` has ", tables->front().rows, "; they must be equal");
-    }
-    *width += table.words;
-  }
-  return OkStatus();
 }
 
 // Checks rows and width, then XORs row i of `delta` (split across the tables

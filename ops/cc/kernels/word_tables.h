@@ -1,0 +1,70 @@
+// Resource variables seen as matrices of 32-bit words, locked for an op.
+
+#ifndef TF_ECREC_OPS_CC_KERNELS_WORD_TABLES_H_
+#define TF_ECREC_OPS_CC_KERNELS_WORD_TABLES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/cc/kernels/locked_variables.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/lib/strings/strcat.h"
+
+namespace tensorflow {
+namespace ec_rec {
+
+// A variable seen as a matrix of 32-bit words: rows = dim 0 (1 for a
+// scalar), `words` per row = elements of a row * sizeof(element) / 4.
+struct WordTable {
+  char* base = nullptr;
+  int64_t rows = 0;
+  int64_t words = 0;
+};
+
+inline WordTable WordsOf(Tensor* t) {
+  WordTable table;
+  const TensorShape& shape = t->shape();
+  int64_t row_elements = 1;
+  for (int d = 1; d < shape.dims(); ++d) row_elements *= shape.dim_size(d);
+  table.rows = shape.dims() == 0 ? 1 : shape.dim_size(0);
+  table.words = row_elements * static_cast<int64_t>(DataTypeSize(t->dtype())) /
+                static_cast<int64_t>(sizeof(int32_t));
+  table.base = const_cast<char*>(t->tensor_data().data());
+  return table;
+}
+
+// The locked variables of inputs [first, first + n) as word tables of equal
+// row count; `*width` is the sum of their row widths.
+inline Status LockWordTables(OpKernelContext* ctx, int first, int n,
+                             LockedVariables* vars,
+                             std::vector<WordTable>* tables, int64_t* width) {
+  std::vector<std::string> labels(n);
+  std::vector<const char*> names(n);
+  std::vector<int> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    labels[i] = n == 1 ? std::string("var") : strings::StrCat("vars[", i, "]");
+    names[i] = labels[i].c_str();
+    inputs[i] = first + i;
+  }
+  TF_RETURN_IF_ERROR(vars->AcquireWords(ctx, inputs, names));
+  *width = 0;
+  for (int i = 0; i < n; ++i) {
+    tables->push_back(WordsOf(vars->tensor(i)));
+    const WordTable& table = tables->back();
+    if (table.rows != tables->front().rows) {
+      return errors::InvalidArgument(
+          "`", names[i], "` has ", table.rows, " rows but `", names[0],
+          "` has ", tables->front().rows, "; they must be equal");
+    }
+    *width += table.words;
+  }
+  return OkStatus();
+}
+
+}  // namespace ec_rec
+}  // namespace tensorflow
+
+#endif  // TF_ECREC_OPS_CC_KERNELS_WORD_TABLES_H_
