@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.placement import Layout, TableLayout, TableSpec, plan
+from tf_ecrec.placement import DATA, PARITY, Layout, TableLayout, TableSpec, plan
 
 
 def _random_cases(count: int, seed: int) -> list[tuple[int, int, int, list[TableSpec]]]:
@@ -251,3 +251,18 @@ def test_json_is_stable_and_records_the_placement() -> None:
 def test_unknown_table_is_named() -> None:
     with pytest.raises(ConfigError, match=r"no table 'x' in the layout; tables: \['emb'\]"):
         plan(3, 2, 1, [("emb", 10, 4)]).table("x")
+
+
+@pytest.mark.parametrize("num_ps,k,r,rows", [(3, 2, 1, 10), (4, 2, 2, 1000), (5, 3, 2, 7), (6, 4, 2, 123457)])
+def test_each_ps_stacks_its_chunks_of_a_kind_in_chunk_order_and_local_rows_tile_its_variable(num_ps, k, r, rows):
+    table = plan(num_ps, k, r, [TableSpec("t", rows, 3)]).table("t")
+    seen = set()
+    for ps in range(num_ps):
+        for kind, all_of_kind in ((DATA, table.data_chunks), (PARITY, table.parity_chunks)):
+            mine = table.chunks_on(ps, kind)
+            assert list(mine) == [c for c in all_of_kind if c.ps == ps]
+            spans = [table.local_rows(c) for c in mine]
+            assert spans == [(i * table.chunk_rows, (i + 1) * table.chunk_rows) for i in range(len(mine))]
+            assert [table.local_index(c) for c in mine] == list(range(len(mine)))
+            seen.update(mine)
+    assert seen == set(table.data_chunks) | set(table.parity_chunks)
