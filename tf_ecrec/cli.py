@@ -72,8 +72,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "--session-timeout",
         type=float,
         default=10.0,
-        help="seconds any one session call (create, step, checkpoint save) may take; bounds the wait of a "
-        "session built for a PS address that is gone",
+        help="seconds a session call (a step, a hook's call) may take; bounds the wait of a session built "
+        "for a PS address that is gone. Initialisation, recovery and checkpoint saves run under their own "
+        "1-hour deadline, whatever the model's size",
     )
     p.add_argument("--report", default=None, help="report path (default MODEL_DIR/report.json)")
     p.add_argument("--optimizer", default="adagrad", choices=("adagrad", "sgd", "adam", "ftrl"))

@@ -9,7 +9,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from tf_ecrec.errors import (AuthenticationError, BarrierTimeout, InvalidRequestError,
+from tf_ecrec.errors import (AuthenticationError, ConfigError, BarrierTimeout, InvalidRequestError,
                              MasterError, MasterUnavailable, MembershipLost, NotFoundError,
                              StaleGenerationError)
 from tf_ecrec.master.client import MasterClient, ShardStatus
@@ -72,6 +72,9 @@ def test_malformed_requests_are_invalid_argument_with_value_and_rule(master) -> 
     c = client(master, "worker:0")
     with pytest.raises(InvalidRequestError, match="'nohost'"):
         c.register("nohost")
+    for address in ("127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:http"):
+        with pytest.raises(InvalidRequestError, match=f"{address!r} is malformed; rule: 'host:port' with 0 < port < 65536"):
+            c.register(address)
     with pytest.raises(InvalidRequestError, match=r"shard_records=0; rule: an integer >= 1"):
         c.register_dataset("train", 100, 0)
 
@@ -333,3 +336,9 @@ def test_stopped_master_fails_calls_fast_and_releases_barrier_waiters(tmp_path) 
     assert time.monotonic() - started < 2.5
     waiter.join(40)
     assert isinstance(outcome.get("error"), MasterUnavailable)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000, "50051", True])
+def test_a_master_port_out_of_range_is_a_config_error_before_anything_starts(port) -> None:
+    with pytest.raises(ConfigError, match=f"master port {port!r}; rule: 0 \\(any free port\\) or 1..65535"):
+        start_master(port=port)

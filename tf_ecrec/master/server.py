@@ -164,6 +164,9 @@ def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: Optional[str
     """
     if heartbeat_timeout <= 0:
         raise ConfigError(f"heartbeat_timeout={heartbeat_timeout}; rule: > 0")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        raise ConfigError(f"master port {port!r}; rule: 0 (any free port) or 1..65535; "
+                          "source: start_master(port=) or --port")
     if token is not None and not token:
         raise ConfigError("the master token is empty; rule: a non-empty string or None")
     interval = heartbeat_interval if heartbeat_interval is not None else heartbeat_timeout / 4
