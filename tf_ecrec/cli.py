@@ -69,6 +69,14 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "follows by rebuilding TF_CONFIG, RunConfig, Estimator and session in process",
     )
     p.add_argument(
+        "--spare-ps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="PS processes started with the job that stand by: a killed PS's role goes to a spare at once "
+        "(trainers follow its address as for --restart-at new-port), and a new spare starts behind it",
+    )
+    p.add_argument(
         "--session-timeout",
         type=float,
         default=10.0,
@@ -140,6 +148,7 @@ def _run(args: argparse.Namespace) -> int:
         shard_batches=args.shard_batches,
         restart_delay=args.restart_delay,
         restart_at=args.restart_at,
+        spare_ps=args.spare_ps,
         session_timeout=args.session_timeout,
         base_port=args.base_port,
         master=args.master,

@@ -85,20 +85,28 @@ def test_deterministic_runs_with_a_ps_killed_end_with_the_same_bytes_for_every_p
         _assert_parity_exact(report, stripes=ps)
 
 
-def test_a_ps_back_at_a_new_port_is_followed_by_every_trainer_and_rebuilt(tmp_path):
-    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "500",
-                       "--kill", "ps:1@step=250", "--restart-delay", "1", "--restart-at", "new-port")
-    (rec,) = report["recovery"]
-    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0 and rec["bytes_rebuilt"] > 0, rec
+def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(tmp_path):
+    """--spare-ps: the killed PS's role goes to a running spare (no restart), its address replaces the lost one
+    in the cluster file, trainers rebuild their sessions for it, the chief rebuilds it from parity; a new spare
+    starts behind it and takes the next loss."""
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "500", "--spare-ps", "1",
+                       "--kill", "ps:1@step=200", "--kill", "ps:2@step=350")
+    assert [r["method"] for r in report["recovery"]] == ["parity", "parity"], report["recovery"]
+    assert all(r["steps_rolled_back"] == 0 and r["bytes_rebuilt"] > 0 for r in report["recovery"])
     moves = [e for e in report["events"] if e["kind"] == "move"]
-    assert [m["task"] for m in moves] == ["ps:1"] and rec["address"] == moves[0]["new"] != moves[0]["old"]
+    assert [(m["task"], m["spare"]) for m in moves] == [("ps:1", "spare:0"), ("ps:2", "spare:1")]
+    assert not [e for e in report["events"] if e["kind"] == "restart"]  # nothing waited for a process to start
+    assert [e["task"] for e in report["events"] if e["kind"] == "spare"] == ["spare:0", "spare:1", "spare:2"]
+    for rec, move in zip(report["recovery"], moves):
+        assert rec["address"] == move["new"] != move["old"]
     rebuilt = {e["task"] for e in report["events"] if e["kind"] == "failover" and e["state"] == "build"}
     assert rebuilt == {"chief:0", "worker:0"}, report["events"]
     assert report["data"]["records_trained"] >= report["data"]["records_total"]
     _assert_parity_exact(report, stripes=3)
     with open(os.path.join(tmp_path, "cluster.json"), encoding="utf-8") as fh:
-        assert json.load(fh)["ps"][1] == moves[0]["new"]
-    assert "moves from" in err
+        assert json.load(fh)["ps"][1:] == [moves[0]["new"], moves[1]["new"]]
+    assert "spare:0 at " in err and "takes the role of ps:1" in err
+    assert set(report["memory"]) >= {"chief:0", "worker:0", "ps:0", "ps:1", "spare:2"}
 
 
 def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_whole(tmp_path):

@@ -34,6 +34,11 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "rebuild_seconds": 0.0,
         "address": "same",
         "failovers": 0,
+        "window_seconds": 7.0,
+        "samples_per_sec_in_window": 0.0,
+        "rebuild_gb_per_sec": None,
+        "memory_mb_before": {},
+        "memory_mb_in_window": {},
     }
 
 
@@ -48,6 +53,28 @@ def test_recovery_entry_names_the_new_address_and_counts_the_failovers_until_res
     events.append(Event(40.0, "failover", "worker:0", None, {"state": "build", "reason": "later"}))
     (entry,) = recovery_entries(events)
     assert entry["address"] == "127.0.0.1:9" and entry["failovers"] == 2
+
+
+def test_the_recovery_window_runs_to_the_rebuild_and_has_its_throughput_rate_and_memory():
+    t0 = 1000.0
+    events = [
+        Event(20.0, "kill", "ps:1", 1200),
+        Event(21.0, "restart", "ps:1", 1200),
+        Event(25.0, "recovered", "chief:0", 1200, {"method": "parity", "bytes_rebuilt": 2_000_000_000, "rebuild_seconds": 2.0}),
+        Event(26.0, "resumed", "ps:1", 1201),
+    ]
+    # 100 records/s before the kill, 40 records/s while the PS is rebuilt (other workers train on).
+    timeline = [(t0 + t, t, 100) for t in range(1, 21)] + [(t0 + 20 + t, 20 + t, 40) for t in range(1, 6)]
+    memory = {"chief:0": [(t, 500.0 + (300.0 if 21 <= t <= 24 else 0.0)) for t in range(0, 30)], "ps:1": [(10.0, 900.0)]}
+    (entry,) = recovery_entries(events, "ecrec", timeline, t0, memory)
+    assert entry["window_seconds"] == 5.0
+    assert entry["samples_per_sec_in_window"] == 40.0
+    assert entry["rebuild_gb_per_sec"] == 1.0
+    assert entry["memory_mb_before"] == {"chief:0": 500.0, "ps:1": 900.0}
+    assert entry["memory_mb_in_window"] == {"chief:0": 800.0}
+    report = build_report(JobSpec(steps=100, fault_tolerance="ecrec"), t0, events, timeline, {}, {}, memory=memory)
+    assert report["memory"]["chief:0"]["peak_mb"] == 800.0 and len(report["memory"]["chief:0"]["samples"]) == 30
+    assert 0.3 < report["recovery"][0]["throughput_in_window"] < 0.5
 
 
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():

@@ -28,6 +28,14 @@ Field names are stable (other tools read them):
     (where the task came back: its old one, or a new port with
     ``--restart-at new-port``) and ``failovers`` (trainers' rebuilds of
     TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`).
+    The *recovery window* runs from the kill to the chief's report that
+    the model is whole again (``recovered``; without one, to
+    ``resumed``): ``window_seconds``, ``samples_per_sec_in_window``
+    (records trained in it per second) and ``throughput_in_window`` (that
+    over ``samples_per_sec``: 0 when training stops while a PS is rebuilt),
+    ``rebuild_gb_per_sec`` (``bytes_rebuilt`` over ``rebuild_seconds``),
+    and per task ``memory_mb_before`` (peak resident MB in the 30 s before
+    the kill) and ``memory_mb_in_window`` (peak in the window, +2 s).
 ``settlement``
     over the run, the steps a failure cut that settlement undid
     (``steps_undone``: their updates removed, their records retrained) or
@@ -71,6 +79,9 @@ Field names are stable (other tools read them):
       records.
 ``throughput``
     ``[[t, samples_per_sec], ...]`` per second, for plotting.
+``memory``
+    per task, ``peak_mb`` (resident) over the run and ``samples``
+    ``[[t, mb], ...]``, about one per second while the task's process ran.
 """
 
 from __future__ import annotations
@@ -96,8 +107,17 @@ class Event:
         return {"t": round(self.t, 3), "kind": self.kind, "task": self.task, "global_step": self.global_step, **self.extra}
 
 
-def recovery_entries(events: Sequence[Event], fault_tolerance: str = "checkpoint") -> list[dict[str, Any]]:
-    """One entry per kill event, from the events that follow it."""
+MEMORY_BEFORE_SECS = 30.0
+
+
+def recovery_entries(
+    events: Sequence[Event],
+    fault_tolerance: str = "checkpoint",
+    timeline: Sequence[tuple[float, int, int]] = (),
+    t0: float = 0.0,
+    memory: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+) -> list[dict[str, Any]]:
+    """One entry per kill event, from the events that follow it (`timeline` and `memory` add the window's figures)."""
     out = []
     for i, kill in enumerate(events):
         if kill.kind not in ("kill", "crash"):
@@ -140,9 +160,34 @@ def recovery_entries(events: Sequence[Event], fault_tolerance: str = "checkpoint
                 "rebuild_seconds": float(recovered.extra.get("rebuild_seconds") or 0.0) if recovered else 0.0,
                 "address": moved.extra.get("new") if moved is not None else "same",
                 "failovers": len(failovers),
+                **_window(kill, recovered or resumed, timeline, t0, memory or {}),
             }
         )
     return out
+
+
+def _window(kill: Event, end: Event | None, timeline: Sequence[tuple[float, int, int]], t0: float,
+            memory: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
+    """The recovery window's figures (see the module docstring); None where the window never ended."""
+    if end is None:
+        return {"window_seconds": None, "samples_per_sec_in_window": None}
+    a, b = kill.t, end.t
+    records = sum(r for t, _, r in timeline if a < t - t0 <= b)
+    seconds = max(1e-9, b - a)
+    before = {
+        task: max((mb for t, mb in samples if a - MEMORY_BEFORE_SECS <= t <= a), default=None)
+        for task, samples in memory.items()
+    }
+    during = {task: max((mb for t, mb in samples if a <= t <= b + 2.0), default=None) for task, samples in memory.items()}
+    rebuild = float(end.extra.get("rebuild_seconds") or 0.0) if end.kind == "recovered" else 0.0
+    rebuilt = int(end.extra.get("bytes_rebuilt") or 0) if end.kind == "recovered" else 0
+    return {
+        "window_seconds": round(b - a, 3),
+        "samples_per_sec_in_window": round(records / seconds, 1),
+        "rebuild_gb_per_sec": round(rebuilt / rebuild / 1e9, 3) if rebuild > 0 and rebuilt else None,
+        "memory_mb_before": {t: v for t, v in before.items() if v is not None},
+        "memory_mb_in_window": {t: v for t, v in during.items() if v is not None},
+    }
 
 
 def settlement_totals(events: Sequence[Event]) -> dict[str, int]:
@@ -196,6 +241,7 @@ def build_report(
     digest: Mapping[str, Any],
     data_state: Any = None,
     failures: Sequence[Mapping[str, Any]] = (),
+    memory: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ) -> dict[str, Any]:
     """The report dictionary (see the module docstring for the fields).
 
@@ -203,23 +249,33 @@ def build_report(
       data_state: the master's `DataStats` of the dataset at the end (any
         object with its attributes), or None without a master.
       failures: per kill or loss, ``{"task", "global_step", "records_in_flight"}``.
+      memory: per task, ``[(t since launch, resident MB)]`` samples.
     """
     warmup_step = max(1, min(200, job.steps // 10))
     steady, effective = steady_rates(timeline, events, t0, warmup_step)
     final_step = max([int(r.get("step", 0)) for r in done_reports.values()] + [0])
+    recovery = recovery_entries(events, job.fault_tolerance, timeline, t0, memory)
+    for entry in recovery:
+        rate = entry.get("samples_per_sec_in_window")
+        entry["throughput_in_window"] = None if rate is None or steady <= 0 else round(rate / steady, 3)
     return {
         "config": job.to_json(),
         "global_step": final_step,
         "samples_per_sec": round(steady, 1),
         "effective_samples_per_sec": round(effective, 1),
         "events": [e.to_json() for e in events],
-        "recovery": recovery_entries(events, job.fault_tolerance),
+        "recovery": recovery,
         "settlement": settlement_totals(events),
         "variables_sha256": digest.get("variables_sha256"),
         "variables": {"count": digest.get("variables"), "bytes": digest.get("bytes")},
         **({"parity": digest["parity"]} if "parity" in digest else {}),
         "data": data_section(done_reports, data_state, failures),
         "throughput": throughput_series(timeline, t0),
+        "memory": {
+            task: {"peak_mb": max(mb for _, mb in samples), "samples": [[t, mb] for t, mb in samples]}
+            for task, samples in sorted((memory or {}).items())
+            if samples
+        },
     }
 
 

@@ -25,6 +25,9 @@ _ADD_WORKER = re.compile(r"^step=(?P<step>\d+)$")
 _HOST_PORT = re.compile(r"^[^\s:/]+:(?P<port>\d{1,5})$")
 
 
+ENV_SPARE_ADDRESS = "TF_ECREC_SPARE_ADDRESS"
+"""Set by the launcher for a spare PS process (``spare_ps``): the address it stands by at."""
+
 @dataclasses.dataclass(frozen=True)
 class KillSpec:
     """``TASK@step=N``: SIGKILL the task when the global step reaches N, then restart it.
@@ -89,7 +92,12 @@ class JobSpec:
       ``restart_at="new-port"`` at a fresh port, which every trainer learns
       (the launcher's cluster file, ``<model_dir>/cluster.json``) and follows
       by rebuilding TF_CONFIG, RunConfig, Estimator and session in process
-      (`tf_ecrec.failover`); ``session_timeout`` bounds every session call.
+      (`tf_ecrec.failover`); ``session_timeout`` bounds a step's session call.
+    - ``spare_ps``: PS processes started with the job and standing by; a
+      killed or crashed PS's role goes to a spare at once (its address
+      replaces the lost one in the cluster file, as a move does), with no
+      wait for a process to start, and a new spare is started behind it.
+      Without a spare left, the PS restarts as ``restart_at`` says.
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -125,6 +133,7 @@ class JobSpec:
     shard_batches: int = 8
     restart_delay: float = 2.0
     restart_at: str = "same"
+    spare_ps: int = 0
     session_timeout: float = 10.0
     base_port: int = 0
     master: bool = True
@@ -166,6 +175,11 @@ class JobSpec:
             self.restart_at in RESTART_AT,
             f"--restart-at {self.restart_at!r} is not one of {RESTART_AT}",
             "--restart-at",
+        )
+        _check(
+            isinstance(self.spare_ps, int) and not isinstance(self.spare_ps, bool) and self.spare_ps >= 0,
+            f"--spare-ps {self.spare_ps!r} must be an integer >= 0",
+            "--spare-ps",
         )
         _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")

@@ -74,7 +74,7 @@ from tf_ecrec.failover import ENV_CLUSTER_FILE, write_cluster_file
 from tf_ecrec.launcher.child import command as child_command
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.report import Event, build_report, plot_throughput
-from tf_ecrec.launcher.spec import JobSpec, KillSpec
+from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec, KillSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusReceiver
 from tf_ecrec.launcher.task_link import DATASET, master_environment
 from tf_ecrec.master.server import read_token
@@ -87,6 +87,7 @@ LOST_GRACE_SECS = 3.0  # a task out of the master's view this long, process aliv
 MAX_LOST_RESTARTS = 3
 LEAVE_TIMEOUT_SECS = 60.0  # --remove-worker: SIGKILL a worker that has not left by then
 FINAL_DATA_TIMEOUT_SECS = 60.0
+MEMORY_SAMPLE_SECS = 1.0
 
 
 def pick_ports(count: int, base_port: int = 0, host: str = "127.0.0.1") -> list[int]:
@@ -131,6 +132,8 @@ class _Task:
     lost_restarts: int = 0
     leave_deadline: float = 0.0
     training: bool = False  # a trainer whose current process reported a step
+    spare_address: str | None = None  # a spare PS standing by at this address (--spare-ps)
+    label: str | None = None
 
     @property
     def killable(self) -> bool:
@@ -139,7 +142,7 @@ class _Task:
 
     @property
     def name(self) -> str:
-        return self.cluster.task
+        return self.label or self.cluster.task
 
 
 @dataclasses.dataclass
@@ -175,6 +178,10 @@ class Supervisor:
         self._failures: list[dict[str, Any]] = []  # per kill/loss: records in flight when it hit
         self._removed: set[str] = set()
         self._data_seen: tuple[float, Any] = (0.0, None)
+        self._memory: dict[str, list[tuple[float, float]]] = {}  # task -> [(t since launch, RSS MB)]
+        self._memory_sampled = 0.0
+        self._spares: list[_Task] = []  # spare PS processes standing by, oldest first
+        self._spare_count = 0
         # The cluster trainers follow (tf_ecrec.failover): rewritten when a PS moves (--restart-at new-port).
         self._cluster_file = os.path.join(job.model_dir, "cluster.json")
 
@@ -188,7 +195,8 @@ class Supervisor:
         """
         job = self.job
         os.makedirs(os.path.join(job.model_dir, "logs"), exist_ok=True)
-        ports = pick_ports(job.ps + 1 + job.worker_slots + (1 if job.owns_master else 0), job.base_port)
+        ports = pick_ports(job.ps + 1 + job.worker_slots + (1 if job.owns_master else 0) + job.spare_ps, job.base_port)
+        spare_ports, ports = ports[len(ports) - job.spare_ps :], ports[: len(ports) - job.spare_ps]
         cluster = _cluster(job, ports)
         job_path = os.path.join(job.model_dir, "job.json")
         with open(job_path, "w", encoding="utf-8") as fh:
@@ -210,6 +218,9 @@ class Supervisor:
                     # started earlier, the stock worker session waits 30 s between checks.
                     elif type_ != "worker":
                         self._start(self._tasks[cfg.task], job_path)
+                if type_ == "ps":
+                    for port in spare_ports:
+                        self._start_spare(f"127.0.0.1:{port}")
             self._loop()
             if self._watch is not None:
                 data_state = self._final_data_state()
@@ -230,6 +241,7 @@ class Supervisor:
             digest=digest,
             data_state=data_state,
             failures=self._failures,
+            memory=self._memory,
         )
         self._write_report(report)
         return report
@@ -261,6 +273,8 @@ class Supervisor:
         env["TF_CONFIG"] = json.dumps(task.cluster.to_tf_config())
         env[ENV_STATUS_ADDRESS] = self._receiver.address
         env[ENV_CLUSTER_FILE] = self._cluster_file
+        if task.spare_address is not None:
+            env[ENV_SPARE_ADDRESS] = task.spare_address
         if self._watch is not None:
             env.update(master_environment(self._watch.address, self._token))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -285,7 +299,7 @@ class Supervisor:
         # Trainers first (with a master they flush their progress and leave), then the
         # PS tasks, then the master.
         trainers = [t for t in self._tasks.values() if t.cluster.task_type != "ps"]
-        for group in (trainers, [t for t in self._tasks.values() if t.cluster.task_type == "ps"]):
+        for group in (trainers, [t for t in self._tasks.values() if t.cluster.task_type == "ps"] + self._spares):
             for task in group:
                 if task.process and task.process.poll() is None:
                     task.process.terminate()
@@ -317,6 +331,7 @@ class Supervisor:
                     last_progress = time.time()
             now = time.time()
             self._check_processes(now)
+            self._sample_memory(now)
             self._drive_kills(now)
             if self._watch is not None:
                 self._drive_master(now)
@@ -427,6 +442,17 @@ class Supervisor:
             )
             self._master.killed = True  # reported once
 
+    def _sample_memory(self, now: float) -> None:
+        """Every `MEMORY_SAMPLE_SECS`, the resident memory of every task process (for the report's ``memory``)."""
+        if now - self._memory_sampled < MEMORY_SAMPLE_SECS:
+            return
+        self._memory_sampled = now
+        for task in [*self._tasks.values(), *self._spares]:
+            if task.process is not None and task.process.poll() is None:
+                mb = resident_mb(task.process.pid)
+                if mb is not None:
+                    self._memory.setdefault(task.name, []).append((round(now - self._t0, 2), mb))
+
     def _drive_kills(self, now: float) -> None:
         for k in self._kills:
             if k.spec.task_type == "master":
@@ -451,11 +477,49 @@ class Supervisor:
         k.restart_at = k.killed_at + self.job.restart_delay
         self._event("kill", task.name, self._global_step)
         self._print(f"killed {task.name} at global step {self._global_step}")
-        if task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
+        if task.cluster.task_type == "ps" and self._take_over(task, k):
+            pass
+        elif task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
             self._write_cluster_file(down=task.name)
         if self._watch is not None:
             self._note_failure(task.name)
             self._watch_report(task.name, reason)
+
+    def _start_spare(self, address: str) -> None:
+        """Starts a spare PS standing by at `address` (see `tf_ecrec.launcher.task.stand_by`)."""
+        ps0 = next(t for t in self._tasks.values() if t.cluster.task_type == "ps")
+        spare = _Task(ps0.cluster, spare_address=address, label=f"spare:{self._spare_count}")
+        self._spare_count += 1
+        self._spares.append(spare)
+        self._start(spare, os.path.join(self.job.model_dir, "job.json"), kind="spare")
+
+    def _take_over(self, task: _Task, k: _PendingKill) -> bool:
+        """Gives a lost PS's role to a running spare at once; False if no spare is running.
+
+        The spare's address replaces the PS's in every task's cluster and in
+        the cluster file, which the trainers follow (as after a move) and the
+        spare reads to learn its role.  Nothing restarts; a new spare starts
+        behind it on a fresh port.
+        """
+        spare = next((s for s in self._spares if s.process is not None and s.process.poll() is None), None)
+        if spare is None:
+            return False
+        self._spares.remove(spare)
+        old, address = task.cluster.address, spare.spare_address
+        assert address is not None
+        for other in self._tasks.values():
+            other.cluster = other.cluster.replace_address(task.cluster.task_type, task.cluster.task_index, address)
+        self._write_cluster_file()
+        if task.log:
+            task.log.close()
+        task.process, task.log = spare.process, spare.log
+        task.state, task.started_at, task.member_since = "running", time.time(), None
+        k.restart_at = None  # the spare is the restart
+        self._event("move", task.name, self._global_step, old=old, new=address, spare=spare.name)
+        self._print(f"{spare.name} at {address} takes the role of {task.name}")
+        host = address.rsplit(":", 1)[0]
+        self._start_spare(f"{host}:{pick_ports(1, 0, host)[0]}")
+        return True
 
     def _move(self, task: _Task) -> None:
         """Gives a PS about to restart a fresh port; every task's cluster and the cluster file follow."""
@@ -485,7 +549,9 @@ class Supervisor:
         pending.killed_at, pending.killed_at_step = time.time(), self._global_step
         pending.restart_at = pending.killed_at + self.job.restart_delay
         self._event("crash", task.name, self._global_step, signal=signum)
-        if task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
+        if task.cluster.task_type == "ps" and self._take_over(task, pending):
+            pass
+        elif task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
             self._write_cluster_file(down=task.name)
         self._print(f"{task.name} died from signal {signum} at global step {self._global_step}: restarting it")
         if self._watch is not None:
@@ -669,6 +735,18 @@ class Supervisor:
             self._print(line)
 
 
+def resident_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB (VmRSS), or None if it is gone or not on Linux."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _cluster(job: JobSpec, ports: Sequence[int]) -> dict[str, tuple[str, ...]]:
     addr = [f"127.0.0.1:{p}" for p in ports]
     cluster = {"ps": tuple(addr[: job.ps]), "chief": (addr[job.ps],)}
@@ -714,6 +792,15 @@ def _summary(report: dict[str, Any], path: str) -> str:
             f"({r['steps_rolled_back']} steps rolled back), resumed after {r['seconds_to_resume']:.1f} s, "
             f"regained step {r['killed_at_step']} after {r['seconds_to_regain']:.1f} s"
         )
+        if r.get("method") == "parity" and r.get("window_seconds") is not None:
+            chief = r.get("memory_mb_in_window", {}).get("chief:0")
+            rate = r.get("rebuild_gb_per_sec")
+            lines.append(
+                f"    rebuilt {r['bytes_rebuilt'] / 1e6:,.0f} MB from parity in {r['rebuild_seconds']:.1f} s"
+                + (f" ({rate:.2f} GB/s)" if rate else "")
+                + f"; throughput in the {r['window_seconds']:.1f} s window: {r['samples_per_sec_in_window']:,.0f} samples/s"
+                + (f"; chief peak {chief:,.0f} MB" if chief is not None else "")
+            )
     if "parity" in report:
         p = report["parity"]
         lines.append(

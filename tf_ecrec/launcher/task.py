@@ -5,6 +5,11 @@ or by any TF_CONFIG-driven launcher such as a Kubeflow TFJob), starts its
 TensorFlow server, and then:
 
 - a PS serves until it is killed;
+- a spare PS (``TF_ECREC_SPARE_ADDRESS`` set, `--spare-ps`) boots as a
+  one-task job of its own at that address and stands by; when the cluster
+  file names its address as ``ps:I`` it has taken that role (TensorFlow's
+  cluster propagation gives its devices the name ``/job:ps/task:I`` in the
+  trainers' sessions), joins the job master as ``ps:I`` and serves;
 - the chief and the workers train the job's model with a stock
   `tf.estimator.Estimator` (`estimator.train`), reporting progress to the
   launcher's status channel when ``TF_ECREC_STATUS_ADDRESS`` is set.
@@ -20,12 +25,13 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from tf_ecrec.config import ClusterConfig, tf_config_env
-from tf_ecrec.errors import DataError, EcRecError
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.errors import ConfigError, DataError, EcRecError
+from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
 from tf_ecrec.launcher.task_link import ENV_MASTER_ADDRESS, TaskLink
 from tf_ecrec.failover import ENV_CLUSTER_FILE
@@ -34,6 +40,7 @@ _LOG = logging.getLogger(__name__)
 
 MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn"}
 MANIFEST_FILE = "variables.json"
+SPARE_POLL_SECS = 0.2
 
 
 def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
@@ -243,6 +250,9 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         # Every process that executes our ops needs their kernels registered:
         # the PS tasks run the delta and parity ops of the training graph.
         import tf_ecrec.ops  # noqa: F401
+    if os.environ.get(ENV_SPARE_ADDRESS):
+        stand_by(job, os.environ[ENV_SPARE_ADDRESS], cluster.num_ps)
+        return
     if cluster.task_type != "ps" and (os.environ.get(ENV_CLUSTER_FILE) or os.environ.get(ENV_MASTER_ADDRESS)):
         # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.failover).
         from tf_ecrec import failover
@@ -263,6 +273,38 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         train(job, cluster, link)
         link.leave()
     finally:
+        link.close()
+
+
+def stand_by(job: JobSpec, address: str, num_ps: int) -> None:
+    """A spare PS: serve at `address`, wait until the cluster file gives it a PS's role, take it, serve on."""
+    from tf_ecrec import failover
+
+    server = failover.own_server(address)
+    path = os.environ.get(ENV_CLUSTER_FILE)
+    if not path:
+        raise ConfigError(f"a spare PS needs the cluster file to learn its role; {ENV_CLUSTER_FILE} is not set; "
+                          f"source: environment variable {ENV_CLUSTER_FILE}")
+    _LOG.info("spare PS standing by at %s", address)
+    source = failover.FileClusterSource(path, num_ps)
+    while True:
+        try:
+            addresses = source.ps_addresses()
+        except EcRecError as exc:  # the file is being replaced, or not written yet
+            _LOG.debug("cluster file not readable yet: %s", exc)
+            addresses = []
+        if address in addresses:
+            break
+        time.sleep(SPARE_POLL_SECS)
+    index = addresses.index(address)
+    # Only the role's identity matters to the master link; a PS that is down (no address in the
+    # file) gets a placeholder, unique and never dialled, so that the config validates.
+    ps = tuple(a or f"0.0.0.0:{65535 - i}" for i, a in enumerate(addresses))
+    role = ClusterConfig({"ps": ps}, "ps", index)
+    _LOG.info("spare PS at %s takes the role of %s", address, role.task)
+    link = TaskLink.connect(job, role)  # the job master learns ps:I's new address from it
+    server.join()
+    if link is not None:
         link.close()
 
 

@@ -1,0 +1,145 @@
+"""Recovery against table size: checkpoint restore vs erasure-coded rebuild, side by side in one run.
+
+Each row of the table is one ``tf-ecrec run`` of the DLRM example (26 tables,
+Adagrad, 3 PS, 2 workers) with ps:1 killed at ``--kill-step``; runs of one
+size are interleaved across configurations, so drift on a shared machine
+falls on each alike.  Table sizes are given as rows per table; the bytes
+column counts values and Adagrad slots of all 26 tables (parity excluded).
+
+    python benchmarks/recovery_scale.py                       # 30k, 300k, 1.2M rows per table
+    python benchmarks/recovery_scale.py --rows 30000,300000 --configs ckpt-500,ecrec-2+1 --out /tmp/rs
+
+Columns (from each run's report, `tf_ecrec.launcher.report`): seconds from the
+kill to the first step after it and to the pre-failure step, steps rolled
+back, samples/s in the recovery window as a fraction of steady state, the
+rebuild's GB/s, the chief's resident memory before the kill and its peak in
+the window, and the PS' peak.  Writes ``recovery_scale.json`` and
+``recovery_scale.png`` (seconds to resume against size, one line per
+configuration) to ``--out``; prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "ckpt-500": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "500"],
+    "ckpt-200": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "200"],
+    "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+}
+TABLES, DIM, SLOTS = 26, 16, 1  # the DLRM example; Adagrad keeps one slot per value
+
+
+def table_gb(rows: int) -> float:
+    return TABLES * rows * DIM * 4 * (1 + SLOTS) / 1e9
+
+
+def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
+    model_dir = os.path.join(args.out, f"{config}-{rows}")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet",
+        "--ps", str(args.ps), "--workers", str(args.workers), "--steps", str(args.steps),
+        "--table-rows", str(rows), "--kill", f"ps:1@step={args.kill_step}", *CONFIGS[config], *args.extra,
+    ]
+    started = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{config} at {rows} rows failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
+    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    rec = report["recovery"][0]
+    memory = report.get("memory", {})
+    row = {
+        "config": config,
+        "rows_per_table": rows,
+        "table_gb": round(table_gb(rows), 3),
+        "wall_seconds": round(time.time() - started, 1),
+        "samples_per_sec": report["samples_per_sec"],
+        "steps_rolled_back": rec["steps_rolled_back"],
+        "seconds_to_resume": rec["seconds_to_resume"],
+        "seconds_to_regain": rec["seconds_to_regain"],
+        "method": rec["method"],
+        "throughput_in_window": rec.get("throughput_in_window"),
+        "window_seconds": rec.get("window_seconds"),
+        "bytes_rebuilt": rec["bytes_rebuilt"],
+        "rebuild_seconds": rec["rebuild_seconds"],
+        "rebuild_gb_per_sec": rec.get("rebuild_gb_per_sec"),
+        "chief_mb_before": rec.get("memory_mb_before", {}).get("chief:0"),
+        "chief_mb_in_window": rec.get("memory_mb_in_window", {}).get("chief:0"),
+        "ps_peak_mb": {t: m["peak_mb"] for t, m in memory.items() if t.startswith("ps:")},
+        "parity_mismatches": report.get("parity", {}).get("mismatches"),
+    }
+    print(f"  {config} @ {rows:,} rows: resumed after {row['seconds_to_resume']} s, "
+          f"{row['steps_rolled_back']} steps rolled back ({row['wall_seconds']} s run)", file=sys.stderr)
+    return row
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = sorted((r for r in rows if r["config"] == config), key=lambda r: r["table_gb"])
+        ax.plot([r["table_gb"] for r in mine], [r["seconds_to_resume"] or 0 for r in mine], marker="o", label=f"{config}: to first step")
+        ax.plot([r["table_gb"] for r in mine], [r["seconds_to_regain"] or 0 for r in mine], marker="x", ls="--",
+                label=f"{config}: to pre-failure step")
+    ax.set_xscale("log")
+    ax.set_xlabel("tables (values + Adagrad slots), GB")
+    ax.set_ylabel("seconds after the kill of ps:1")
+    ax.set_title("recovery time against table size", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="30000,300000,1200000", help="rows per table, comma-separated")
+    parser.add_argument("--configs", default="ckpt-500,ecrec-2+1")
+    parser.add_argument("--ps", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--kill-step", type=int, default=900)
+    parser.add_argument("--out", default="/tmp/tf_ecrec_recovery_scale")
+    args, extra = parser.parse_known_args()
+    args.extra = [a for a in extra if a != "--"]
+    configs = args.configs.split(",")
+    for name in configs:
+        if name not in CONFIGS:
+            raise SystemExit(f"unknown config {name!r}; known: {sorted(CONFIGS)}")
+    os.makedirs(args.out, exist_ok=True)
+    rows: list[dict] = []
+    for size in (int(r) for r in args.rows.split(",")):
+        for config in configs:
+            rows.append(run_one(config, size, args))
+            with open(os.path.join(args.out, "recovery_scale.json"), "w", encoding="utf-8") as fh:
+                json.dump(rows, fh, indent=1)
+    plot(rows, os.path.join(args.out, "recovery_scale.png"))
+    print(f"\nps:1 killed at step {args.kill_step}; {args.ps} PS, {args.workers} workers, {args.steps} steps\n")
+    print("| config | GB | s to first step | s to regain | steps rolled back | throughput in window | "
+          "rebuild GB/s | chief MB before / in window | PS peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ps_peak = max(r["ps_peak_mb"].values(), default=0)
+        print(
+            f"| {r['config']} | {r['table_gb']:.2f} | {r['seconds_to_resume']} | {r['seconds_to_regain']} | "
+            f"{r['steps_rolled_back']} | {r['throughput_in_window']} | {r['rebuild_gb_per_sec'] or '-'} | "
+            f"{r['chief_mb_before']} / {r['chief_mb_in_window']} | {ps_peak:,.0f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
