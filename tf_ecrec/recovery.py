@@ -64,6 +64,7 @@ import tensorflow as tf
 
 from tensorflow.python.client import session as tf_session
 
+from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
@@ -77,6 +78,8 @@ READY_RETRY_SECS = 0.5
 LONG_OP_TIMEOUT_MS = 3_600_000
 """Deadline of initialisation, rebuild and restore calls: a session's operation timeout (there to
 end waits on a dead task) must not cut the work itself on a large model."""
+WHOLE_MARKERS = "tf_ecrec_whole_markers"
+"""Graph collection of the per-PS markers that a PS's state is whole (`RecoveryPlan`)."""
 STARTED_MARKER = "tf_ecrec_started"
 """File in the model dir written once the variables were first initialised: with it, finding every
 variable gone is a lost job, not a fresh one."""
@@ -138,18 +141,42 @@ class RecoveryPlan:
         self._listener = listener
         self._graph = tf.compat.v1.get_default_graph()
         self._colls: list[EmbeddingCollection] = [c for c in collections() if c.name in optimizer.parity]
-        self.variables = list(tf.compat.v1.global_variables())
-        self._by_name = {v.op.name: v for v in self.variables}
+        model_variables = list(tf.compat.v1.global_variables())
         with tf.name_scope("ec_recovery"):
+            self._whole = {p: self._whole_marker(p) for p in sorted(optimizer.logs)}
+            self._model_variables = model_variables
+            self.variables = model_variables + list(self._whole.values())
             self._initialized = tf.stack([v.is_initialized() for v in self.variables])
             step = tf.compat.v1.train.get_global_step()
             self._step = step.read_value() if step is not None else None
-            self._init_all = tf.compat.v1.global_variables_initializer()
+            self._init_all = tf.group(
+                tf.compat.v1.variables_initializer(model_variables), name="init_model"
+            )
+            self._init_whole = {p: v.initializer for p, v in self._whole.items()}
+        self._by_name = {v.op.name: v for v in self.variables}
+        self._marker_names = {v.op.name for v in self._whole.values()}
         self.rebuilder = Rebuilder(optimizer, self._colls, slice_bytes=slice_bytes)
         self.reconciler = Reconciler(
             optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
         )
         self.protected_names = self._protected_names()
+
+    @staticmethod
+    def _whole_marker(task: int) -> tf.Variable:
+        """PS `task`'s marker that its state is whole: initialised last, by initialisation, restore or rebuild.
+
+        A PS whose marker is missing counts as lost whatever else it holds (a
+        rebuild or restore cut mid-way leaves allocated, partly written
+        variables), and the workers' ready op waits for every marker, so no
+        step runs on a PS before its state is whole.  Not in GLOBAL_VARIABLES:
+        checkpoints do not hold it.
+        """
+        with on_ps(task), tf.compat.v1.device(ps_device(task)):  # under an ECDeviceFn or not
+            marker = tf.compat.v1.Variable(
+                True, name=f"ps{task}_whole", trainable=False, use_resource=True, collections=[WHOLE_MARKERS]
+            )
+        check_placed(marker, task, "the whole-state marker of a PS")
+        return marker
 
     # ---- graph pieces for the Scaffold ---------------------------------------------------------------------------
 
@@ -191,19 +218,23 @@ class RecoveryPlan:
           RecoveryError: more was lost than the code covers and there is no checkpoint.
         """
         started = time.time()
-        initialized = sess.run(self._initialized)
-        missing = [v for v, ok in zip(self.variables, initialized) if not ok]
+        initialized = dict(zip((v.op.name for v in self.variables), sess.run(self._initialized)))
+        # A PS without its marker is lost even if it holds variables (a rebuild or restore cut mid-way).
+        broken = {p for p, marker in self._whole.items() if not initialized[marker.op.name]}
+        missing = [v for v in self.variables if not initialized[v.op.name] or device_task(v.device) in broken]
         if not missing:
             # Nothing was lost, but a task (the previous chief, say) may have died
             # mid-step: settle what it left in the logs.
             report = self.settle(sess)
             return self._done(RecoveryResult("none", []).settled(report), started, sess)
         fresh = self._marker is not None and not tf.io.gfile.exists(self._marker)
-        if len(missing) == len(self.variables) or (fresh and restore is None):
+        everything = len([v for v in missing if v.op.name not in self._marker_names]) == len(self._model_variables)
+        if everything or (fresh and restore is None):
             if restore is not None:
                 restore()
                 self.reconciler.discard(sess, self.reconciler_ps())
                 self._reencode(sess)
+                self._mark_whole(sess, self._whole)
                 return self._done(RecoveryResult("checkpoint", []), started, sess)
             if self._marker is not None and not fresh:
                 raise RecoveryError(
@@ -213,12 +244,14 @@ class RecoveryPlan:
                 )
             # A fresh start, possibly cut mid-way (a partly initialised cluster): initialise it all.
             sess.run(self._init_all, options=self._long)
+            self._mark_whole(sess, self._whole)
             if self._marker is not None:
                 tf.io.gfile.makedirs(os.path.dirname(self._marker))
                 with tf.io.gfile.GFile(self._marker, "w") as f:
                     f.write(f"initialised at {time.time():.0f}\n")
             return self._done(RecoveryResult("init", []), started, sess)
         lost = sorted({device_task(v.device) for v in missing})
+        missing = [v for v in missing if v.op.name not in self._marker_names]
         _LOG.warning("rebuilding %d variables of lost PS %s", len(missing), lost)
         reason = self._unrecoverable(missing, lost)
         if reason is None:
@@ -230,6 +263,7 @@ class RecoveryPlan:
             report = self.reconciler.settle(sess, alive, lost)
             stats = self.rebuilder.rebuild(sess, lost, options=self._long)
             self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
+            self._mark_whole(sess, lost)
             result = RecoveryResult("parity", lost, stats.variables, stats.bytes)
             result.settled(report)
             return self._done(result, started, sess)
@@ -242,7 +276,14 @@ class RecoveryPlan:
         restore()
         self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
         self._reencode(sess)
+        self._mark_whole(sess, lost)
         return self._done(RecoveryResult("checkpoint", lost), started, sess)
+
+    def _mark_whole(self, sess: tf.compat.v1.Session, tasks: Any) -> None:
+        """Initialises the markers of `tasks` (the last write of a recovery: then workers may step)."""
+        ops = [self._init_whole[p] for p in tasks if p in self._init_whole]
+        if ops:
+            sess.run(ops, options=self._long)
 
     def _done(self, result: RecoveryResult, started: float, sess: tf.compat.v1.Session) -> RecoveryResult:
         result.seconds = time.time() - started

@@ -41,7 +41,7 @@ import tf_ecrec
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.recovery import WHOLE_MARKERS, RecoveryPlan
 from tf_ecrec.steplog import GENERATION_SHIFT
 from tf_ecrec.verify import check_parity
 
@@ -94,17 +94,19 @@ class Rig:
             self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
             self.opt.minimize(loss, global_step=step)
             self.plan = RecoveryPlan(self.opt)
+            self.ready = self.plan.raising_ready_op()  # what the workers' sessions wait on
             if reconciler_cls is not None:  # a deliberately broken protocol, to test the oracle
                 self.plan.reconciler = reconciler_cls(
                     self.opt.targets, self.opt.logs, self.opt.expected_folds, commit_timeout_ms=0
                 )
-            self.init = tf.compat.v1.global_variables_initializer()
+            markers = tf.compat.v1.get_collection(WHOLE_MARKERS)  # a PS's "state is whole" markers
+            self.init = tf.group(tf.compat.v1.global_variables_initializer(), *[m.initializer for m in markers])
             self.variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
             self.destroy = {}
             for p in range(num_ps):
                 ops = [
                     tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True)
-                    for v in self.variables.values() if device_task(v.device) == p
+                    for v in [*self.variables.values(), *markers] if device_task(v.device) == p
                 ]
                 with tf.device(self.opt.logs[p].device):
                     ops.append(tf.raw_ops.DestroyResourceOp(resource=self.opt.logs[p], ignore_lookup_error=True))
@@ -397,11 +399,11 @@ class Sequence:
             sess: Any = self.sess
             roll = 1.0 if scripted else self.rng.random()
             if attempts < 4 and roll < 0.25:
-                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 12)))
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)))
                 self.stats.chief_crashes += 1
             elif attempts < 4 and roll < 0.35:
                 other = int(self.rng.integers(self.rig.num_ps))
-                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 12)), lambda: self.sess.run(self.rig.destroy[other]))
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)), lambda: self.sess.run(self.rig.destroy[other]))
                 self.stats.second_failures += 1
             try:
                 self.rig.plan.prepare(sess, restore=None)

@@ -168,3 +168,41 @@ def test_a_rebuilt_ps_refuses_old_generations_too(cluster):
         seq._kill_ps([1], scripted=True)
         snaps = seq.rig.plan.reconciler._snapshots(seq.sess, [0, 1, 2])
     assert [snaps[p].generation for p in range(3)] == [2, 2, 2]
+
+
+class _CountingSession:
+    def __init__(self, sess):
+        self.sess, self.calls = sess, 0
+
+    def run(self, *args, **kwargs):
+        self.calls += 1
+        return self.sess.run(*args, **kwargs)
+
+
+def test_a_rebuild_cut_at_any_call_leaves_the_ps_lost_and_the_workers_waiting_until_a_whole_rebuild(cluster):
+    """The rebuild allocates the lost variables before it writes them: cut after any of its session calls, the PS
+    must still count as lost (its whole-state marker is written last) and no worker may step on it."""
+    seq = Sequence(cluster.target("chief"), 31, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        for _ in range(3):
+            assert seq.finish_step(0) and seq.finish_step(1)
+        seq.sess.run(seq.rig.destroy[1])
+        counting = _CountingSession(seq.sess)
+        assert seq.rig.plan.prepare(counting, restore=None).method == "parity"
+        seq._check("a whole rebuild")
+        # Every call but the last (the report's read of the global step, after the marker is written).
+        for crash_after in range(1, counting.calls - 1):
+            assert seq.finish_step(0)
+            seq.sess.run(seq.rig.destroy[1])
+            with pytest.raises(InjectedCrash):
+                seq.rig.plan.prepare(_CrashingSession(seq.sess, crash_after), restore=None)
+            with pytest.raises(tf.errors.AbortedError):
+                seq.sess.run(seq.rig.ready)  # a worker's session keeps waiting
+                pytest.fail(f"the workers' ready op passed after a rebuild cut after {crash_after} calls")
+            result = seq.rig.plan.prepare(seq.sess, restore=None)
+            assert result.method == "parity" and result.lost_ps == [1], (crash_after, result)
+            seq.sess.run(seq.rig.ready)
+            seq._check(f"rebuild cut after {crash_after} calls, then whole")
+            seq._check_parity(f"rebuild cut after {crash_after} calls, then whole")
+    assert counting.calls >= 5
+    assert seq.stats.violations == []
