@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import placement
-from tf_ecrec.device import check_placed, on_ps
+from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 
@@ -149,15 +149,13 @@ class EmbeddingCollection:
                 if not local_chunks:
                     continue
                 rows = len(local_chunks) * self.chunk_rows
-                real = np.zeros([rows, 1], dtype=np.float32)
-                for i, c in enumerate(local_chunks):
-                    real[i * self.chunk_rows : i * self.chunk_rows + c.real_rows] = 1.0
+                real_rows = [c.real_rows for c in local_chunks]
                 with on_ps(p):
                     self.data[p] = tf.compat.v1.get_variable(
                         f"ps{p}/data",
                         shape=[rows, self.dim],
                         dtype=tf.float32,
-                        initializer=_masked(init, real),
+                        initializer=_masked(init, real_rows, self.chunk_rows, p),
                         use_resource=True,
                     )
                 check_placed(self.data[p], p, f"the data chunks of collection {name!r}")
@@ -223,11 +221,21 @@ def _check_range(ids: tf.Tensor, limits: tf.Tensor, what: str) -> tf.Operation:
     return tf.debugging.Assert(ok, [f"ids out of range for {what}: each id must be in [0, rows); ids:", ids, "rows:", limits], summarize=8)
 
 
-def _masked(init: Callable[..., Any], real: np.ndarray) -> Callable[..., Any]:
-    """An initializer giving `init`'s values on real rows and exact zeros on padding rows."""
+def _masked(init: Callable[..., Any], real_rows: Sequence[int], chunk_rows: int, task: int) -> Callable[..., Any]:
+    """An initializer giving `init`'s values on real rows and exact zeros on padding rows, computed on PS `task`.
+
+    Local chunk ``i`` of the variable holds ``real_rows[i]`` real rows, then
+    padding.  The values are computed where the variable lives: TensorFlow
+    builds a variable's initial value outside every device scope, which in a
+    distributed session puts it on the chief, and a large table's initial
+    values would then pass through (and stay cached in) the chief's memory.
+    """
 
     def initializer(shape: Any, dtype: Any = tf.float32, partition_info: Any = None) -> tf.Tensor:
-        values = init(shape, dtype=dtype)
-        return tf.where(tf.constant(real > 0), values, tf.zeros_like(values))
+        with tf.compat.v1.device(ps_device(task)):
+            values = init(shape, dtype=dtype)
+            local = tf.range(shape[0], dtype=tf.int64)
+            real = (local % chunk_rows) < tf.gather(tf.constant(real_rows, tf.int64), local // chunk_rows)
+            return tf.where(real[:, None], values, tf.zeros_like(values))
 
     return initializer

@@ -133,12 +133,36 @@ def write_cluster_file(path: str, cluster: dict[str, Sequence[str]]) -> None:
 # ---- servers and sessions ----------------------------------------------------------------------
 
 
+GRPC_RECONNECT_OPTIONS = (
+    "grpc.initial_reconnect_backoff_ms=200,grpc.min_reconnect_backoff_ms=200,grpc.max_reconnect_backoff_ms=500"
+)
+"""gRPC channel arguments every task of a job should run with (`fast_reconnect`)."""
+
+
+def fast_reconnect() -> None:
+    """Makes this process's TensorFlow gRPC channels reconnect to a restarted task within half a second.
+
+    A channel to a task that died waits out gRPC's connection backoff (a
+    20 s minimum connect timeout by default; TensorFlow caps only the backoff
+    itself) before it dials again, so after a PS restarts at the same address
+    the next session's device scan, and the close of the old session, stalled
+    for up to 20 s past the moment the PS served again (measured: 21.7 s from
+    the kill to the first step after it, against 8.9 s with these options).
+    TensorFlow reads ``TF_GRPC_DEFAULT_OPTIONS`` once, when it makes its first
+    channel, so this must run before any server or session of the process; a
+    value the user set is kept.
+    """
+    os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_RECONNECT_OPTIONS)
+
+
 def own_server(address: str) -> Any:
     """A TensorFlow server at `address`, booted as a one-task job of its own (`SERVER_JOB`).
 
     Its sessions reach other tasks through the cluster they carry (`propagated_config`).
     """
     import tensorflow as tf
+
+    fast_reconnect()
 
     return tf.distribute.Server(
         tf.train.ClusterSpec({SERVER_JOB: [address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc", start=True
@@ -292,6 +316,9 @@ class FailoverLoop:
                     if migration.steps_seen:
                         failovers = 0
                     first = (exc.message or "").strip().splitlines()[0] if exc.message else ""
+                    where = getattr(exc, "op", None)
+                    _LOG.info("the session failed at %s: %s", where.name if where is not None else "session creation",
+                              (exc.message or "")[:2000])
                     state = self._enter(State.WAIT, f"session failed: {type(exc).__name__}: {first[:200]}")
                     continue
                 if migration.migration is None:

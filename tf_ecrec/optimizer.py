@@ -357,8 +357,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         c = coll.chunk_rows
         bits = {}
         for p, var in coll.data.items():
-            values = [var.initial_value] + [s.initial_value for s in self._slots_for(var)]
-            bits[p] = tf.bitcast(tf.concat(values, axis=1), tf.int32)
+            with tf.compat.v1.device(var.device):  # on the data's PS, not the chief (see embedding._masked)
+                values = [var.initial_value] + [s.initial_value for s in self._slots_for(var)]
+                bits[p] = tf.bitcast(tf.concat(values, axis=1), tf.int32)
         width = (1 + len(self.rule.slots)) * coll.dim
         parity: dict[int, tf.Variable] = {}
         for q, chunks in coll.parity_chunks_on.items():
@@ -459,8 +460,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         num_ps = _num_ps(var)
         primary = device_task(var.device)
         rows = int(var.shape[0])
-        values = [tf.reshape(v.initial_value, [rows, -1]) for v in [var, *slots]]
-        bits = tf.bitcast(tf.concat(values, axis=1), tf.int32)
+        with tf.compat.v1.device(var.device):
+            values = [tf.reshape(v.initial_value, [rows, -1]) for v in [var, *slots]]
+            bits = tf.bitcast(tf.concat(values, axis=1), tf.int32)
         replicas = []
         for j in range(self._ec.r):
             q = (primary + 1 + j) % num_ps

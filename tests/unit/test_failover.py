@@ -260,3 +260,15 @@ def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_addre
         PsMigrationHook(source=answers)
     with pytest.raises(ConfigError, match=r"exactly one of client=, membership= or source="):
         PsMigrationHook(source=answers, expected_ps=PS, membership=object())
+
+
+def test_fast_reconnect_sets_grpc_backoff_options_unless_the_user_set_them(monkeypatch):
+    from tf_ecrec.failover import GRPC_RECONNECT_OPTIONS, fast_reconnect
+
+    monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS", raising=False)
+    fast_reconnect()
+    assert os.environ["TF_GRPC_DEFAULT_OPTIONS"] == GRPC_RECONNECT_OPTIONS
+    assert "grpc.min_reconnect_backoff_ms=200" in GRPC_RECONNECT_OPTIONS
+    monkeypatch.setenv("TF_GRPC_DEFAULT_OPTIONS", "grpc.keepalive_time_ms=1000")
+    fast_reconnect()
+    assert os.environ["TF_GRPC_DEFAULT_OPTIONS"] == "grpc.keepalive_time_ms=1000"

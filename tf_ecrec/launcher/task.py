@@ -66,6 +66,10 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 def start_server(cluster: ClusterConfig) -> Any:
     import tensorflow as tf
 
+    from tf_ecrec.failover import fast_reconnect
+
+    fast_reconnect()  # before the server makes its first channel
+
     return tf.distribute.Server(
         tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
         job_name=cluster.task_type,
