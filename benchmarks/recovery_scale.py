@@ -32,6 +32,7 @@ CONFIGS = {
     "ckpt-500": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "500"],
     "ckpt-200": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "200"],
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    "ecrec-2+1-spare": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1"],
 }
 TABLES, DIM, SLOTS = 26, 16, 1  # the DLRM example; Adagrad keeps one slot per value
 
@@ -107,7 +108,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="30000,300000,1200000", help="rows per table, comma-separated")
-    parser.add_argument("--configs", default="ckpt-500,ecrec-2+1")
+    parser.add_argument("--configs", default="ckpt-500,ecrec-2+1,ecrec-2+1-spare")
     parser.add_argument("--ps", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1500)
