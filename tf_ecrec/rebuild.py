@@ -176,19 +176,17 @@ class Rebuilder:
         for name, reps in opt.replicas.items():
             primary = opt.protected[name]
             group = [primary, *opt.slots_of(primary)]
-            if primary.dtype.base_dtype == tf.int64 and primary.shape.rank == 0:  # the global step: plain copies
-                for target in [primary, *reps]:
-                    for source in [primary, *reps]:
-                        if source is not target:
-                            with tf.compat.v1.device(target.device):
-                                copies[(target.op.name, source.op.name)] = target.assign(source.read_value(), read_value=False)
-                continue
-            rows = primary.shape.as_list()[0]
-            for target in reps:  # replicas hold the same words: plain copies between them
-                for source in reps:
+            is_step = primary.dtype.base_dtype == tf.int64 and primary.shape.rank == 0
+            # Copies holding the same words: every copy of the global step; the replicas of a dense variable.
+            same = [primary, *reps] if is_step else reps
+            for target in same:
+                for source in same:
                     if source is not target:
                         with tf.compat.v1.device(target.device):
                             copies[(target.op.name, source.op.name)] = target.assign(source.read_value(), read_value=False)
+            if is_step:
+                continue
+            rows = primary.shape.as_list()[0]
             for rep in reps:
                 with tf.compat.v1.device(rep.device):
                     words = tf.concat(
@@ -250,10 +248,9 @@ class Rebuilder:
             source = sources[0]  # the primary when it survives, else the first surviving replica
             for target in targets:
                 ops.append(self._copies[(target.op.name, source.op.name)])
-                stats.variables += 1 + (len(opt.slots_of(primary)) if target is primary else 0)
-                stats.bytes += int(np.prod(target.shape.as_list(), dtype=np.int64)) * target.dtype.base_dtype.size * (
-                    1 + len(opt.slots_of(primary)) if target is primary else 1
-                )
+                written = [primary, *opt.slots_of(primary)] if target is primary else [target]
+                stats.variables += len(written)
+                stats.bytes += sum(int(np.prod(v.shape.as_list(), dtype=np.int64)) * v.dtype.base_dtype.size for v in written)
         if ops:
             sess.run(ops, options=options)
             stats.session_calls += 1

@@ -477,10 +477,7 @@ class Supervisor:
         k.restart_at = k.killed_at + self.job.restart_delay
         self._event("kill", task.name, self._global_step)
         self._print(f"killed {task.name} at global step {self._global_step}")
-        if task.cluster.task_type == "ps" and self._take_over(task, k):
-            pass
-        elif task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
-            self._write_cluster_file(down=task.name)
+        self._after_ps_loss(task, k)
         if self._watch is not None:
             self._note_failure(task.name)
             self._watch_report(task.name, reason)
@@ -492,6 +489,13 @@ class Supervisor:
         self._spare_count += 1
         self._spares.append(spare)
         self._start(spare, os.path.join(self.job.model_dir, "job.json"), kind="spare")
+
+    def _after_ps_loss(self, task: _Task, k: _PendingKill) -> None:
+        """A PS was killed or crashed: a spare takes its role, or a move to a new port lists it as down meanwhile."""
+        if task.cluster.task_type != "ps" or self._take_over(task, k):
+            return
+        if self.job.restart_at == "new-port":
+            self._write_cluster_file(down=task.name)
 
     def _take_over(self, task: _Task, k: _PendingKill) -> bool:
         """Gives a lost PS's role to a running spare at once; False if no spare is running.
@@ -549,10 +553,7 @@ class Supervisor:
         pending.killed_at, pending.killed_at_step = time.time(), self._global_step
         pending.restart_at = pending.killed_at + self.job.restart_delay
         self._event("crash", task.name, self._global_step, signal=signum)
-        if task.cluster.task_type == "ps" and self._take_over(task, pending):
-            pass
-        elif task.cluster.task_type == "ps" and self.job.restart_at == "new-port":
-            self._write_cluster_file(down=task.name)
+        self._after_ps_loss(task, pending)
         self._print(f"{task.name} died from signal {signum} at global step {self._global_step}: restarting it")
         if self._watch is not None:
             self._note_failure(task.name)

@@ -27,6 +27,29 @@ Status CheckRange(int64_t start, int64_t count, int64_t rows) {
   return OkStatus();
 }
 
+enum Direction { kToWords, kFromWords };
+
+// Copies rows [start, start + count) of the tables to or from `words`, an
+// int32 [count, width] matrix holding the tables' rows side by side.
+void CopyRows(const std::vector<WordTable>& tables, int64_t start,
+              int64_t count, int64_t width, char* words, Direction direction) {
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
+  int64_t offset = 0;
+  for (const WordTable& table : tables) {
+    const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
+    char* rows = table.base + start * bytes;
+    for (int64_t i = 0; i < count; ++i) {
+      char* word_row = words + i * row_bytes + offset;
+      if (direction == kToWords) {
+        std::memcpy(word_row, rows + i * bytes, bytes);
+      } else {
+        std::memcpy(rows + i * bytes, word_row, bytes);
+      }
+    }
+    offset += bytes;
+  }
+}
+
 class ReadRowWordsOp : public OpKernel {
  public:
   explicit ReadRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -50,17 +73,8 @@ class ReadRowWordsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRange(start, count, tables.front().rows));
     OP_REQUIRES_OK(ctx,
                    ctx->allocate_output(0, TensorShape({count, width}), &out));
-    char* dst = const_cast<char*>(out->tensor_data().data());
-    const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
-    int64_t offset = 0;
-    for (const WordTable& table : tables) {
-      const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
-      const char* src = table.base + start * bytes;
-      for (int64_t i = 0; i < count; ++i) {
-        std::memcpy(dst + i * row_bytes + offset, src + i * bytes, bytes);
-      }
-      offset += bytes;
-    }
+    CopyRows(tables, start, count, width,
+             const_cast<char*>(out->tensor_data().data()), kToWords);
   }
 
  private:
@@ -160,17 +174,8 @@ class WriteRowWordsOp : public OpKernel {
                     "variables' rows have ", width, " together; they must be "
                     "equal"));
     OP_REQUIRES_OK(ctx, CheckRange(start, count, tables.front().rows));
-    const char* src = words.tensor_data().data();
-    const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
-    int64_t offset = 0;
-    for (const WordTable& table : tables) {
-      const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
-      char* dst = table.base + start * bytes;
-      for (int64_t i = 0; i < count; ++i) {
-        std::memcpy(dst + i * bytes, src + i * row_bytes + offset, bytes);
-      }
-      offset += bytes;
-    }
+    CopyRows(tables, start, count, width,
+             const_cast<char*>(words.tensor_data().data()), kFromWords);
   }
 
  private:
