@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -50,6 +52,8 @@ _LOG = logging.getLogger(__name__)
 
 DEFAULT_SLICE_BYTES = 8 << 20
 """Bytes of one chunk's slice read per session call: the bound on what a rebuild holds in flight per chunk."""
+WANTED_WAIT_MS = 200
+"""How long one round of the background rebuild's wanted-rows loop waits for a lookup to ask."""
 
 
 @dataclasses.dataclass
@@ -59,6 +63,20 @@ class RebuildStats:
     variables: int = 0
     bytes: int = 0
     session_calls: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    """A table variable group on one PS (a data variable with its slots, or a parity variable)."""
+
+    table: Any  # _CollectionRebuild
+    ps: int
+    var: tf.Variable
+    chunks: tuple[placement.ChunkSpec, ...]
+    pending_rows: Any = None
+    begin_pending: Any = None
+    ranges: Any = None
+    preserve: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +89,8 @@ class _Chunk:
 class _CollectionRebuild:
     """The rebuild ops of one collection: a read, a combine and a write per chunk of every stripe."""
 
-    def __init__(self, coll: EmbeddingCollection, opt: ECOptimizer, slice_bytes: int) -> None:
+    def __init__(self, coll: EmbeddingCollection, opt: ECOptimizer, slice_bytes: int,
+                 logs: dict[int, tf.Tensor] | None = None, wait: dict[int, tf.Operation] | None = None) -> None:
         from tf_ecrec import ops as ec_ops  # loads the op library
 
         self.coll = coll
@@ -91,6 +110,10 @@ class _CollectionRebuild:
             count = tf.maximum(tf.minimum(tf.constant(self.slice_rows, tf.int64), self.rows - self.lo), 0)
             parity_vars = opt.parity[coll.name]
             self.chunks: dict[tuple[int, int], _Chunk] = {}
+            # Background rebuild (BackgroundRebuild): per chunk, an install of a slice and one of the wanted rows.
+            self.bg_lo = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="bg_lo")
+            self.installs: dict[tuple[int, int], tuple[tf.Tensor, tf.Tensor]] = {}  # (stripe, i) -> (slice, wanted)
+            self._wait = wait or {}
             for stripe in self.layout.stripes:
                 s = stripe.index
                 slices = []
@@ -117,12 +140,59 @@ class _CollectionRebuild:
                         words = ec_ops.combine_rows(self.coefs[s, i], slices, name=f"combine_s{s}_c{i}")
                         write = ec_ops.write_row_words(list(variables), start, words, name=f"write_s{s}_c{i}")
                     self.chunks[(s, i)] = _Chunk(ch, variables, write)
+                if logs is not None:
+                    self._background_ops(stripe, starts, logs)
 
-    def run(self, sess: tf.compat.v1.Session, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]],
-            options: Any, stats: RebuildStats) -> None:
-        """Writes every chunk of `targets` from the chunks `present` (per stripe), slice by slice."""
-        if not targets:
-            return
+    def _background_ops(self, stripe: Any, starts: dict[int, tuple[tuple[tf.Variable, ...], tf.Tensor]],
+                        logs: dict[int, tf.Tensor]) -> None:
+        """For each chunk of `stripe`: its rows decoded from the others' preserved (T0) words and installed.
+
+        Two variants per chunk, both writing only rows still pending on its PS
+        (so they may race): one for the slice of offsets from ``bg_lo``, one
+        for the offsets that waiting lookups ask for.
+        """
+        from tf_ecrec import ops as ec_ops
+
+        s = stripe.index
+        for ch in stripe.chunks:
+            i = ch.index_in_stripe
+            variables, _ = starts[i]
+            first = self.layout.local_rows(ch)[0]
+            log_i = logs[ch.ps]
+            outs = []
+            for kind in ("slice", "wanted"):
+                with tf.compat.v1.device(variables[0].device):
+                    if kind == "slice":
+                        hi = tf.minimum(self.bg_lo + self.slice_rows, self.rows)
+                        off = tf.range(self.bg_lo, tf.maximum(hi, self.bg_lo), dtype=tf.int64)
+                    else:
+                        deps = [self._wait[ch.ps]] if ch.ps in self._wait else []
+                        with tf.control_dependencies(deps):
+                            off = ec_ops.wanted_rows(log_i, variables[0], first, first + self.rows) - first
+                parts = []
+                for other in stripe.chunks:
+                    j = other.index_in_stripe
+                    vars_j, _ = starts[j]
+                    first_j = self.layout.local_rows(other)[0]
+                    with tf.compat.v1.device(vars_j[0].device):
+                        if j == i:  # the target itself: coefficient 0
+                            parts.append(tf.zeros([0, 0], tf.int32))
+                            continue
+                        take = tf.where(self.read[s, j], tf.size(off), 0)
+                        parts.append(
+                            ec_ops.read_preserved_row_words(list(vars_j), logs[other.ps], off[:take] + first_j,
+                                                            name=f"bg_read_{kind}_s{s}_c{i}_from{j}")
+                        )
+                with tf.compat.v1.device(variables[0].device):
+                    words = ec_ops.combine_rows(self.coefs[s, i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
+                    outs.append(
+                        ec_ops.install_row_words(list(variables), log_i, off + first, words, add=not ch.is_data,
+                                                 name=f"bg_install_{kind}_s{s}_c{i}")
+                    )
+            self.installs[(s, i)] = (outs[0], outs[1])
+
+    def feeds(self, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]]) -> dict[Any, np.ndarray]:
+        """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`."""
         n = self.code.n
         read = np.zeros([self.layout.num_stripes, n], bool)
         coefs = np.zeros([self.layout.num_stripes, n, n], np.int32)
@@ -131,9 +201,17 @@ class _CollectionRebuild:
             coef = codec.decoding_coefficients(self.code, present[s], i)
             coefs[s, i] = coef
             read[s] |= coef != 0
+        return {self.read: read, self.coefs: coefs}
+
+    def run(self, sess: tf.compat.v1.Session, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]],
+            options: Any, stats: RebuildStats) -> None:
+        """Writes every chunk of `targets` from the chunks `present` (per stripe), slice by slice."""
+        if not targets:
+            return
+        feeds = self.feeds(targets, present)
         writes = [self.chunks[(ch.stripe, ch.index_in_stripe)].write for ch in targets]
         for lo in range(0, self.rows, self.slice_rows):
-            sess.run(writes, {self.lo: lo, self.read: read, self.coefs: coefs}, options=options)
+            sess.run(writes, {self.lo: lo, **feeds}, options=options)
             stats.session_calls += 1
         stats.bytes += len(targets) * self.rows * self.width * 4
         stats.variables += len({v.op.name for ch in targets for v in self.chunks[(ch.stripe, ch.index_in_stripe)].variables})
@@ -152,14 +230,53 @@ class Rebuilder:
                  slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
         if not isinstance(slice_bytes, int) or slice_bytes <= 0:
             raise ConfigError(f"slice_bytes={slice_bytes!r}; rule: an integer > 0; source: Rebuilder(slice_bytes=)")
+        from tf_ecrec import ops as ec_ops
+
         self._opt = optimizer
-        self._tables = [_CollectionRebuild(c, optimizer, slice_bytes) for c in collections]
+        logs = dict(optimizer.logs)
+        with tf.name_scope("ec_rebuild"):
+            self.wait_ms = tf.compat.v1.placeholder_with_default(tf.constant(WANTED_WAIT_MS, tf.int64), [], name="wait_ms")
+            wait = {}
+            for p, log in logs.items():
+                with tf.compat.v1.device(log.device):
+                    wait[p] = ec_ops.wait_wanted(log, self.wait_ms, name=f"wait_wanted_ps{p}")
+        self._tables = [_CollectionRebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
         self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         with tf.name_scope("ec_rebuild"):
             self._alloc = {name: self._zeros_into(v) for name, v in self._variables.items()}
             self._copies = self._dense_copies()
+            self._groups = self._view_ops(logs)
+            self._end_preserve = {p: self._on(log, ec_ops.preserve_end) for p, log in logs.items()}
+            self._view_stats = {p: self._on(log, ec_ops.recovery_view_stats) for p, log in logs.items()}
 
     # ---- graph ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _on(log: tf.Tensor, op: Any) -> Any:
+        with tf.compat.v1.device(log.device):
+            return op(log)
+
+    def _view_ops(self, logs: dict[int, tf.Tensor]) -> list[_Group]:
+        """Every table variable group (data with slots; parity) with its pending and preserve ops."""
+        from tf_ecrec import ops as ec_ops
+
+        groups = []
+        for table in self._tables:
+            coll = table.coll
+            for p, var in sorted(coll.data.items()):
+                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, placement.DATA))))
+            for p, var in sorted(self._opt.parity[coll.name].items()):
+                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, placement.PARITY))))
+        for g in groups:
+            log = logs[g.ps]
+            with tf.compat.v1.device(log.device):
+                g.pending_rows = tf.compat.v1.placeholder_with_default(
+                    tf.constant(int(g.var.shape[0]), tf.int64), [], name="pending_rows"
+                )
+                g.begin_pending = ec_ops.rebuild_begin_pending(log, g.var, g.pending_rows)
+                g.ranges = tf.compat.v1.placeholder(tf.int64, [None, 2], name="preserve")
+                g.preserve = ec_ops.preserve_ranges(log, g.var, g.ranges)
+        return groups
 
     @staticmethod
     def _zeros_into(var: tf.Variable) -> tf.Operation:
@@ -222,6 +339,71 @@ class Rebuilder:
         self._copy_dense(sess, lambda v: device_task(v.device) in lost_set, options, stats)
         return stats
 
+    def begin_background(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> BackgroundRebuild:
+        """T0 of a rebuild while training goes on; call with every step settled and no trainer running.
+
+        Allocates the lost variables, copies their dense variables, marks
+        their table rows pending and makes every survivor preserve the rows
+        the rebuild decodes from; returns the `BackgroundRebuild` that
+        installs the rows (not started).  The caller then lets trainers run.
+        """
+        lost_set = set(int(p) for p in lost)
+        stats = RebuildStats()
+        allocs = [op for name, op in self._alloc.items() if device_task(self._variables[name].device) in lost_set]
+        if allocs:
+            sess.run(allocs, options=options)
+            stats.session_calls += 1
+        self._copy_dense(sess, lambda v: device_task(v.device) in lost_set, options, stats)
+        ops, feeds = [], {}
+        for g in self._groups:
+            if g.ps in lost_set:
+                ops.append(g.begin_pending)
+                continue
+            ranges = [
+                self._local_range(g, ch)
+                for ch in g.chunks
+                if any(c.ps in lost_set for c in g.table.layout.stripes[ch.stripe].chunks)
+            ]
+            ops.append(g.preserve)
+            feeds[g.ranges] = np.asarray(ranges, np.int64).reshape(-1, 2)
+        if ops:
+            sess.run(ops, feeds, options=options)
+            stats.session_calls += 1
+        job = BackgroundRebuild(self, lost_set)
+        job.stats.variables += stats.variables
+        job.stats.bytes += stats.bytes
+        job.stats.session_calls += stats.session_calls
+        return job
+
+    def resume_background(self, lost: Iterable[int]) -> BackgroundRebuild:
+        """The rebuild of `lost` PS whose rows are still pending (a chief restarted mid-way): the same walk again."""
+        return BackgroundRebuild(self, lost)
+
+    @staticmethod
+    def _local_range(g: _Group, ch: placement.ChunkSpec) -> tuple[int, int]:
+        first = int(g.table.layout.local_rows(ch)[0])
+        return first, first + g.table.rows
+
+    def view_stats(self, sess: tf.compat.v1.Session, tasks: Iterable[int]) -> dict[int, np.ndarray]:
+        """PS -> [rows pending there, rows preserved there]."""
+        tasks = [p for p in tasks if p in self._view_stats]
+        values = sess.run([self._view_stats[p] for p in tasks])
+        return dict(zip(tasks, values))
+
+    def end_preserve(self, sess: tf.compat.v1.Session, tasks: Iterable[int]) -> None:
+        ops = [self._end_preserve[p] for p in tasks if p in self._end_preserve]
+        if ops:
+            sess.run(ops)
+
+    def clear_views(self, sess: tf.compat.v1.Session, tasks: Iterable[int], options: Any = None) -> None:
+        """Nothing pending or preserved on `tasks` (after a restore re-encoded everything)."""
+        tasks = set(tasks)
+        ops = [g.begin_pending for g in self._groups if g.ps in tasks]
+        feeds = {g.pending_rows: 0 for g in self._groups if g.ps in tasks}
+        ops += [self._end_preserve[p] for p in tasks if p in self._end_preserve]
+        if ops:
+            sess.run(ops, feeds, options=options)
+
     def reencode(self, sess: tf.compat.v1.Session, options: Any = None) -> RebuildStats:
         """Writes every parity chunk from its stripe's data and every replica from its primary."""
         stats = RebuildStats()
@@ -254,3 +436,169 @@ class Rebuilder:
         if ops:
             sess.run(ops, options=options)
             stats.session_calls += 1
+
+
+class BackgroundRebuild:
+    """The rebuild of lost PS tasks that runs while training goes on; `Rebuilder.begin_background` makes one.
+
+    By the time it exists, the lost variables are allocated (zeros), their
+    rows pending on their PS, dense copies done, and every survivor preserves
+    the T0 words of the rows the rebuild decodes from (see
+    ops/cc/kernels/recovery_view.h and docs/rebuild.md).  Two loops then
+    install every pending row, each writing only rows still pending, so they
+    may race: `install_wanted` decodes the rows waiting lookups ask for
+    (blocking up to `WANTED_WAIT_MS` for one to ask), `install_next_slice`
+    walks the lost chunks slice by slice.  When the walk is done every row
+    is installed; `finish` then ends the survivors' preservation.
+
+    `start` runs both loops on threads (the chief's); the fault-schedule
+    harness calls the steps itself, interleaved with trainers' ops.
+    """
+
+    def __init__(self, rebuilder: Rebuilder, lost: Sequence[int]) -> None:
+        self.lost = sorted(int(p) for p in lost)
+        self._rebuilder = rebuilder
+        lost_set = set(self.lost)
+        self._slices: list[tuple[list[Any], dict[Any, Any]]] = []
+        self._wanted: list[Any] = []
+        self._wanted_feeds: dict[Any, Any] = {}
+        self._row_bytes: dict[Any, int] = {}
+        for table in rebuilder._tables:
+            targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
+            if not targets:
+                continue
+            present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost_set} for st in table.layout.stripes}
+            feeds = table.feeds(targets, present)
+            slice_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][0] for ch in targets]
+            wanted_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][1] for ch in targets if ch.is_data]
+            for t in slice_fetch + wanted_fetch:
+                self._row_bytes[t] = table.width * 4
+            for lo in range(0, table.rows, table.slice_rows):
+                self._slices.append((slice_fetch, {**feeds, table.bg_lo: lo}))
+            self._wanted.extend(wanted_fetch)
+            self._wanted_feeds.update(feeds)
+        self._next = 0
+        self._lock = threading.Lock()
+        self.stats = RebuildStats()
+        self.rows_installed = 0
+        self.rows_installed_on_demand = 0
+        self.started = time.time()
+        self.seconds: float | None = None
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._finished = threading.Event()
+
+    # ---- steps ---------------------------------------------------------------------------
+
+    @property
+    def walked(self) -> bool:
+        """Whether every slice was installed (then no row is pending)."""
+        with self._lock:
+            return self._next >= len(self._slices)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def install_wanted(self, sess: tf.compat.v1.Session, wait_ms: int | None = None) -> int:
+        """One round of the wanted rows: waits up to `wait_ms` for a lookup to ask, installs what is asked."""
+        if not self._wanted:
+            return 0
+        feeds = dict(self._wanted_feeds)
+        if wait_ms is not None:
+            feeds[self._rebuilder.wait_ms] = int(wait_ms)
+        counts = sess.run(self._wanted, feeds)
+        rows = 0
+        with self._lock:
+            for fetch, n in zip(self._wanted, counts):
+                self.rows_installed += int(n)
+                self.rows_installed_on_demand += int(n)
+                self.stats.bytes += int(n) * self._row_bytes[fetch]
+                rows += int(n)
+            self.stats.session_calls += 1
+        return rows
+
+    def install_next_slice(self, sess: tf.compat.v1.Session) -> bool:
+        """Installs the next slice of every lost chunk of one table; False once the walk is done."""
+        with self._lock:
+            if self._next >= len(self._slices):
+                return False
+            fetch, feeds = self._slices[self._next]
+            self._next += 1
+        counts = sess.run(fetch, feeds)
+        with self._lock:
+            for t, n in zip(fetch, counts):
+                self.rows_installed += int(n)
+                self.stats.bytes += int(n) * self._row_bytes[t]
+            self.stats.session_calls += 1
+        return True
+
+    def finish(self, sess: tf.compat.v1.Session) -> None:
+        """After the walk: checks that nothing is pending on the lost PS, ends the survivors' preservation."""
+        pending = self._rebuilder.view_stats(sess, self.lost)
+        left = {p: int(v[0]) for p, v in pending.items() if int(v[0]) != 0}
+        if left:
+            raise RuntimeError(f"the background rebuild walked every slice but rows are still pending: {left}")
+        survivors = [p for p in sorted(self._rebuilder._opt.logs) if p not in self.lost]
+        self._rebuilder.end_preserve(sess, survivors)
+        self.seconds = time.time() - self.started
+        self._finished.set()
+
+    # ---- threads ---------------------------------------------------------------------------
+
+    def start(self, sess: tf.compat.v1.Session, on_done: Any = None) -> None:
+        """Runs the two loops on threads; `on_done(self)` after `finish`, from the walking thread."""
+
+        def wanted() -> None:
+            while not self._stop.is_set() and not self.walked:
+                try:
+                    self.install_wanted(sess)
+                except (tf.errors.OpError, RuntimeError) as exc:
+                    self._failed(exc)
+                    return
+
+        def walk() -> None:
+            try:
+                while not self._stop.is_set() and self.install_next_slice(sess):
+                    pass
+                if self._stop.is_set():
+                    return
+                self.finish(sess)
+            except (tf.errors.OpError, RuntimeError) as exc:
+                self._failed(exc)
+                return
+            _LOG.warning(
+                "background rebuild of PS %s done: %d rows (%d asked for by lookups first), %.1f MB in %.2f s",
+                self.lost, self.rows_installed, self.rows_installed_on_demand, self.stats.bytes / 1e6, self.seconds,
+            )
+            if on_done is not None:
+                on_done(self)
+
+        self._threads = [
+            threading.Thread(target=wanted, name="ec-rebuild-wanted", daemon=True),
+            threading.Thread(target=walk, name="ec-rebuild-walk", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._stop.is_set():
+            return
+        self.error = exc
+        self._stop.set()
+        message = getattr(exc, "message", str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
+        _LOG.warning("background rebuild of PS %s stopped (the next session re-creation resumes it): %s", self.lost, message)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits until the rebuild finished or stopped; whether it finished."""
+        deadline = None if timeout is None else time.time() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.time()))
+        return self.finished
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stops the loops (a new session takes over); rows already installed stay installed."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)

@@ -35,6 +35,16 @@ covers                        "checkpoint"``), re-encode; without a checkpoint
 Initialisation, rebuild, restore and checkpoint saves run with
 `LONG_OP_TIMEOUT_MS` as their deadline, not the session's operation timeout.
 
+By default (``background=True``) the table rows of lost PS are rebuilt while
+training goes on: once settled, the lost variables allocated, their dense
+variables copied, their table rows marked pending and every survivor
+preserving the rows they decode from, the whole markers are written and
+trainers resume; a lookup of a pending row waits for it and the rebuild
+installs asked-for rows first (`tf_ecrec.rebuild.BackgroundRebuild`,
+docs/rebuild.md).  A session re-created before the rebuild is done resumes
+it; a PS lost meanwhile makes the unfinished one count as lost too.
+Checkpoints and the end of training wait for the rebuild.
+
 The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost
 variables are allocated on their PS and decoded there in bounded slices
 from the surviving stripe members with the C++ GF(2^16) kernels, dense
@@ -68,7 +78,7 @@ from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES, Rebuilder
+from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES, BackgroundRebuild, Rebuilder
 from tf_ecrec.steplog import Reconciler, SettleReport
 
 _LOG = logging.getLogger(__name__)
@@ -90,8 +100,13 @@ class RecoveryResult:
     """What one `prepare` did.
 
     Attributes:
-      method: "none", "init", "parity", "checkpoint", or "settled" (the
-        background settlement of a dead task's steps).
+      method: "none", "init", "parity", "checkpoint", "settled" (the
+        background settlement of a dead task's steps) or "rebuilt" (the end
+        of a background rebuild: `lost_ps` whole again; `seconds` from the
+        session creation that started it).
+      background: for "parity": the table rows are installed in the
+        background while training goes on (`tf_ecrec.rebuild.BackgroundRebuild`);
+        a "rebuilt" result follows.
       lost_ps: PS tasks whose variables were missing.
       variables_rebuilt: how many variables were written.
       bytes_rebuilt: bytes written to rebuilt variables.
@@ -108,6 +123,7 @@ class RecoveryResult:
     steps_undone: int = 0
     steps_finished: int = 0
     folds_rolled_back: int = 0
+    background: bool = False
 
     def settled(self, report: SettleReport | None) -> RecoveryResult:
         """Adds what a settlement did to this result; returns it."""
@@ -131,11 +147,19 @@ class RecoveryPlan:
         there); without it a partly initialised cluster is taken for lost PS.
       slice_bytes: rows of a chunk the rebuild moves per session call
         (`tf_ecrec.rebuild`), in bytes.
+      background: rebuild lost table rows while training goes on (lookups
+        of rows not yet there wait for them, and the rebuild installs those
+        first); False rebuilds everything before any trainer steps.  The
+        harness drives a background rebuild itself through `job`.
     """
 
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
-                 slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
+                 slice_bytes: int = DEFAULT_SLICE_BYTES, background: bool = True) -> None:
         self._opt = optimizer
+        self.background = bool(background)
+        self._job: BackgroundRebuild | None = None
+        self._job_done: Callable[[BackgroundRebuild], None] | None = None
+        self._job_lock = threading.Lock()
         self._marker = os.path.join(model_dir, STARTED_MARKER) if model_dir else None
         self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
         self._listener = listener
@@ -217,16 +241,22 @@ class RecoveryPlan:
           tf.errors.UnavailableError: a PS is still down (the caller retries).
           RecoveryError: more was lost than the code covers and there is no checkpoint.
         """
+        self.stop_background()  # a new session: the previous one's rebuild loops end (and resume below)
         started = time.time()
         initialized = dict(zip((v.op.name for v in self.variables), sess.run(self._initialized)))
         # A PS without its marker is lost even if it holds variables (a rebuild or restore cut mid-way).
         broken = {p for p, marker in self._whole.items() if not initialized[marker.op.name]}
         missing = [v for v in self.variables if not initialized[v.op.name] or device_task(v.device) in broken]
+        # A PS whose rows are still pending (a background rebuild cut by this session's creation).
+        degraded = self._degraded(sess, [p for p in self._whole if p not in broken])
         if not missing:
             # Nothing was lost, but a task (the previous chief, say) may have died
             # mid-step: settle what it left in the logs.
             report = self.settle(sess)
-            return self._done(RecoveryResult("none", []).settled(report), started, sess)
+            if degraded:
+                _LOG.warning("resuming the background rebuild of PS %s", degraded)
+                self._start_job(sess, self.rebuilder.resume_background(degraded), started)
+            return self._done(RecoveryResult("none", [], background=bool(degraded)).settled(report), started, sess)
         fresh = self._marker is not None and not tf.io.gfile.exists(self._marker)
         everything = len([v for v in missing if v.op.name not in self._marker_names]) == len(self._model_variables)
         if everything or (fresh and restore is None):
@@ -234,6 +264,7 @@ class RecoveryPlan:
                 restore()
                 self.reconciler.discard(sess, self.reconciler_ps())
                 self._reencode(sess)
+                self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
                 self._mark_whole(sess, self._whole)
                 return self._done(RecoveryResult("checkpoint", []), started, sess)
             if self._marker is not None and not fresh:
@@ -252,8 +283,12 @@ class RecoveryPlan:
             return self._done(RecoveryResult("init", []), started, sess)
         lost = sorted({device_task(v.device) for v in missing})
         missing = [v for v in missing if v.op.name not in self._marker_names]
-        _LOG.warning("rebuilding %d variables of lost PS %s", len(missing), lost)
-        reason = self._unrecoverable(missing, lost)
+        # A PS still being rebuilt holds rows that are not there yet: it is rebuilt again with
+        # the lost ones (from the survivors' state now), though its log is alive and settled.
+        rebuilt = sorted(set(lost) | set(degraded))
+        _LOG.warning("rebuilding %d variables of lost PS %s%s", len(missing), lost,
+                     f" and PS {degraded}, whose rebuild was not done" if degraded else "")
+        reason = self._unrecoverable(missing, rebuilt)
         if reason is None:
             alive = [p for p in self.reconciler_ps() if p not in lost]
             # Older trainers (a PS moved) may no longer write; then settle the steps the
@@ -261,11 +296,17 @@ class RecoveryPlan:
             # prefix (tf_ecrec.steplog) before decoding.
             self._raise_generation(sess, alive)
             report = self.reconciler.settle(sess, alive, lost)
-            stats = self.rebuilder.rebuild(sess, lost, options=self._long)
+            if self.background:
+                job = self.rebuilder.begin_background(sess, rebuilt, options=self._long)
+                stats = job.stats
+            else:
+                stats = self.rebuilder.rebuild(sess, rebuilt, options=self._long)
             self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
             self._mark_whole(sess, lost)
-            result = RecoveryResult("parity", lost, stats.variables, stats.bytes)
+            result = RecoveryResult("parity", rebuilt, stats.variables, stats.bytes, background=self.background)
             result.settled(report)
+            if self.background:
+                self._start_job(sess, job, started, result)
             return self._done(result, started, sess)
         if restore is None:
             raise RecoveryError(
@@ -276,8 +317,74 @@ class RecoveryPlan:
         restore()
         self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
         self._reencode(sess)
+        self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
         self._mark_whole(sess, lost)
         return self._done(RecoveryResult("checkpoint", lost), started, sess)
+
+    # ---- the background rebuild ---------------------------------------------------------------------------
+
+    @property
+    def job(self) -> BackgroundRebuild | None:
+        """The background rebuild of the current session, if one is under way (or finished)."""
+        return self._job
+
+    def _degraded(self, sess: tf.compat.v1.Session, tasks: Sequence[int]) -> list[int]:
+        stats = self.rebuilder.view_stats(sess, tasks)
+        return sorted(p for p, v in stats.items() if int(v[0]) > 0)
+
+    def _start_job(self, sess: tf.compat.v1.Session, job: BackgroundRebuild, started: float,
+                   first: RecoveryResult | None = None) -> None:
+        """Runs `job` on the chief's threads (or leaves it to the caller: ``threads=False``); reports its end."""
+
+        def done(j: BackgroundRebuild) -> None:
+            result = RecoveryResult("rebuilt", list(j.lost), j.stats.variables, j.stats.bytes,
+                                    seconds=time.time() - started)
+            if first is not None:
+                result.steps_undone, result.steps_finished = first.steps_undone, first.steps_finished
+                result.folds_rolled_back = first.folds_rolled_back
+            try:
+                if self._step is not None:
+                    result.global_step = int(sess.run(self._step))
+            except (tf.errors.OpError, RuntimeError):
+                pass
+            _LOG.warning("recovery: method=rebuilt lost_ps=%s bytes=%d seconds=%.3f global_step=%s",
+                         result.lost_ps, result.bytes_rebuilt, result.seconds, result.global_step)
+            self.notify(result)
+
+        with self._job_lock:
+            self._job = job
+            self._job_done = done
+        if self.run_threads:
+            job.start(sess, on_done=done)
+
+    run_threads = True
+    """Whether a background rebuild runs on threads; the fault-schedule harness sets it False and
+    drives `job`'s steps itself, then calls `finish_job`."""
+
+    def finish_job(self, sess: tf.compat.v1.Session) -> None:
+        """For a caller driving the job's steps: ends it after its walk and reports it."""
+        job = self._job
+        if job is None or job.finished:
+            return
+        job.finish(sess)
+        if self._job_done is not None:
+            self._job_done(job)
+
+    def stop_background(self) -> None:
+        """Stops the loops of a background rebuild (its rows stay installed; the next prepare resumes it)."""
+        with self._job_lock:
+            job, self._job = self._job, None
+        if job is not None:
+            job.stop()
+
+    def wait_background(self, timeout: float | None = None) -> bool:
+        """Waits for a background rebuild to finish (before a checkpoint or the end of training); whether none is left."""
+        job = self._job
+        if job is None or job.finished:
+            return True
+        if not self.run_threads:
+            return False
+        return job.wait(timeout)
 
     def _mark_whole(self, sess: tf.compat.v1.Session, tasks: Any) -> None:
         """Initialises the markers of `tasks` (the last write of a recovery: then workers may step)."""
@@ -422,6 +529,8 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
         self._plan = plan
 
     def end(self, session: tf.compat.v1.Session) -> None:
+        if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
+            _LOG.warning("training ended while a background rebuild was not done; the next start resumes it")
         try:
             self._plan.settle(session)
         except tf.errors.OpError as exc:  # a PS is gone at the very end: the next recovery settles it
@@ -442,6 +551,9 @@ class ECSaver(tf.compat.v1.train.Saver):
         self._plan = plan
 
     def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
+        # Rows still pending on a PS being rebuilt read as zeros: a checkpoint waits for the rebuild.
+        if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
+            raise RecoveryError("a checkpoint cannot be saved while a lost PS's rows are still being rebuilt")
         return super().save(_LongDeadline(sess), *args, **kwargs)
 
     def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring

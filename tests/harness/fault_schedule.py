@@ -93,7 +93,7 @@ class Rig:
             }[optimizer]()
             self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
             self.opt.minimize(loss, global_step=step)
-            self.plan = RecoveryPlan(self.opt)
+            self.plan = RecoveryPlan(self.opt, background=False)
             self.ready = self.plan.raising_ready_op()  # what the workers' sessions wait on
             if reconciler_cls is not None:  # a deliberately broken protocol, to test the oracle
                 self.plan.reconciler = reconciler_cls(

@@ -41,7 +41,7 @@ def _build(cluster, optimizer="adagrad", k=2, r=1, num_ps=3):  # noqa: F811
         base = {"adagrad": tf.compat.v1.train.AdagradOptimizer(0.1), "sgd": tf.compat.v1.train.GradientDescentOptimizer(0.1)}[optimizer]
         opt = tf_ecrec.ECOptimizer(base)
         train = opt.minimize(loss, global_step=step)
-        plan = RecoveryPlan(opt)
+        plan = RecoveryPlan(opt, background=False)
         init = tf.compat.v1.global_variables_initializer()
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
     return graph, ids, train, opt, plan, init, variables
@@ -124,7 +124,7 @@ def test_reconcile_with_nothing_pending_changes_nothing(cluster):  # noqa: F811
 def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for_lost_ps(cluster, tmp_path):  # noqa: F811
     graph, ids, train, opt, plan, init, variables = _build(cluster)
     with graph.as_default():
-        plan = RecoveryPlan(opt, model_dir=str(tmp_path))
+        plan = RecoveryPlan(opt, model_dir=str(tmp_path), background=False)
         some = tf.group(*[v.initializer for v in list(variables.values())[::2]])
         reset = tf.group(*[tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in variables.values()])
     with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:

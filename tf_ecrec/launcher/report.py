@@ -125,7 +125,15 @@ def recovery_entries(
         later = events[i + 1 :]
         resumed = next((e for e in later if e.kind == "resumed" and e.task == kill.task), None)
         regained = next((e for e in later if e.kind == "regained" and e.task == kill.task), None)
-        recovered = next((e for e in later if e.kind == "recovered" and (resumed is None or e.t <= resumed.t)), None)
+        # The chief's report that the model is whole again: before training resumed, or after it
+        # when the rows were rebuilt in the background ("rebuilding" came first), before the next kill.
+        upto_next = next((e.t for e in later if e.kind in ("kill", "crash")), float("inf"))
+        background = next((e for e in later if e.kind == "rebuilding" and e.t <= upto_next), None)
+        recovered = next(
+            (e for e in later if e.kind == "recovered" and e.t <= upto_next
+             and (resumed is None or e.t <= resumed.t or background is not None)),
+            None,
+        )
         if recovered is not None:
             method = recovered.extra.get("method")
         elif kill.task.startswith("ps:"):
@@ -156,6 +164,7 @@ def recovery_entries(
                 "seconds_to_resume": None if resumed is None else round(resumed.t - kill.t, 3),
                 "seconds_to_regain": None if regained is None else round(regained.t - kill.t, 3),
                 "method": method,
+                "rebuilt_in_background": background is not None,
                 "bytes_rebuilt": int(recovered.extra.get("bytes_rebuilt") or 0) if recovered else 0,
                 "rebuild_seconds": float(recovered.extra.get("rebuild_seconds") or 0.0) if recovered else 0.0,
                 "address": moved.extra.get("new") if moved is not None else "same",

@@ -389,6 +389,13 @@ class Supervisor:
                 f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
             )
             return True
+        if kind == "rebuilding":
+            self._event("rebuilding", task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"))
+            self._print(
+                f"{task} rebuilds lost PS {msg.get('lost_ps')} while training goes on "
+                f"(trainers resumed {msg.get('seconds')} s after the session began)"
+            )
+            return True
         if kind == "settled":
             self._event("settled", task, msg.get("step"), t=t, **{k: msg.get(k) for k in _SETTLED})
             return True

@@ -93,10 +93,13 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
             return
         settled = {"steps_undone": result.steps_undone, "steps_finished": result.steps_finished,
                    "folds_rolled_back": result.folds_rolled_back}
-        if result.method in ("parity", "checkpoint"):
+        if result.method == "parity" and result.background:
+            # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
+            sender.send("rebuilding", lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step)
+        elif result.method in ("parity", "checkpoint", "rebuilt"):
             sender.send(
                 "recovered",
-                method=result.method,
+                method="parity" if result.method == "rebuilt" else result.method,
                 lost_ps=result.lost_ps,
                 bytes_rebuilt=result.bytes_rebuilt,
                 rebuild_seconds=round(result.seconds, 3),

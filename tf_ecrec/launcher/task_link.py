@@ -378,7 +378,8 @@ class TaskLink:
         """Wraps an erasure-coded model's recovery listener to learn whether a session restored the checkpoint."""
 
         def listener(result: Any) -> None:
-            self._recovery_method = result.method
+            if result.method not in ("rebuilt", "settled"):  # those come from background threads, not a session's creation
+                self._recovery_method = result.method
             inner(result)
 
         return listener

@@ -67,7 +67,7 @@ import numbers
 import os
 import threading
 from types import ModuleType
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -108,6 +108,15 @@ __all__ = [
     "sparse_apply_sgd_with_delta",
     "write_row_words",
     "xor_rows",
+    "await_rebuilt_rows",
+    "install_row_words",
+    "preserve_end",
+    "preserve_ranges",
+    "read_preserved_row_words",
+    "rebuild_begin_pending",
+    "recovery_view_stats",
+    "wait_wanted",
+    "wanted_rows",
 ]
 
 LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -146,6 +155,15 @@ OP_NAMES = (
     "EcRec>ReadRowWords",
     "EcRec>CombineRows",
     "EcRec>WriteRowWords",
+    "EcRec>RebuildBeginPending",
+    "EcRec>RecoveryViewStats",
+    "EcRec>AwaitRebuiltRows",
+    "EcRec>WantedRows",
+    "EcRec>WaitWanted",
+    "EcRec>InstallRowWords",
+    "EcRec>PreserveRanges",
+    "EcRec>PreserveEnd",
+    "EcRec>ReadPreservedRowWords",
 )
 """Registered names of the ops in ``_ec_ops.so`` (those wrapped here)."""
 
@@ -991,6 +1009,86 @@ def write_row_words(
         start=tf.convert_to_tensor(start, dtype=tf.int64, name="start"),
         words=tf.convert_to_tensor(words, dtype=tf.int32, name="words"),
         name=name,
+    )
+
+
+# ---- rebuilding while training goes on (ops/cc/kernels/recovery_view.h) ----------------------------
+
+
+def _vars(variables: Union[VariableLike, Sequence[VariableLike]]) -> list:
+    if not isinstance(variables, (list, tuple)):
+        variables = [variables]
+    return [_handle(v, "variables") for v in variables]
+
+
+def rebuild_begin_pending(log: tf.Tensor, variable: VariableLike, rows: IntLike, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Marks rows ``[0, rows)`` of ``variable``'s group pending on its PS: lookups wait, updates are refused."""
+    return _ops.ec_rec_rebuild_begin_pending(
+        log=_handle(log, "log"), var=_handle(variable, "variable"),
+        rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"), name=name,
+    )
+
+
+def recovery_view_stats(log: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
+    """int64 [2]: rows pending on the log's PS, rows preserved (saved T0 words) there."""
+    return _ops.ec_rec_recovery_view_stats(log=_handle(log, "log"), name=name)
+
+
+def await_rebuilt_rows(log: tf.Tensor, variable: VariableLike, rows: tf.Tensor, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Finishes once none of ``rows`` of ``variable``'s group is pending (asks the rebuild for them)."""
+    rows = tf.convert_to_tensor(rows)
+    if rows.dtype not in (tf.int32, tf.int64):
+        rows = tf.cast(rows, tf.int64)
+    return _ops.ec_rec_await_rebuilt_rows(log=_handle(log, "log"), var=_handle(variable, "variable"), rows=rows, name=name)
+
+
+def wanted_rows(log: tf.Tensor, variable: VariableLike, lo: IntLike, hi: IntLike, name: Optional[str] = None) -> tf.Tensor:
+    """The pending rows of ``variable``'s group in ``[lo, hi)`` that waiting lookups ask for (int64, ascending)."""
+    return _ops.ec_rec_wanted_rows(
+        log=_handle(log, "log"), var=_handle(variable, "variable"),
+        lo=tf.convert_to_tensor(lo, dtype=tf.int64, name="lo"),
+        hi=tf.convert_to_tensor(hi, dtype=tf.int64, name="hi"), name=name,
+    )
+
+
+def wait_wanted(log: tf.Tensor, timeout_ms: IntLike, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Finishes once a lookup waits for a pending row on the log's PS, or after ``timeout_ms``."""
+    return _ops.ec_rec_wait_wanted(
+        log=_handle(log, "log"), timeout_ms=tf.convert_to_tensor(timeout_ms, dtype=tf.int64, name="timeout_ms"), name=name
+    )
+
+
+def install_row_words(
+    variables: Union[VariableLike, Sequence[VariableLike]], log: tf.Tensor, rows: tf.Tensor, words: tf.Tensor,
+    add: bool = False, name: Optional[str] = None,
+) -> tf.Tensor:
+    """Writes (``add``: XORs) ``words`` into each of ``rows`` still pending and marks it installed; int64 count."""
+    return _ops.ec_rec_install_row_words(
+        vars=_vars(variables), log=_handle(log, "log"),
+        rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"),
+        words=tf.convert_to_tensor(words, dtype=tf.int32, name="words"), add=bool(add), name=name,
+    )
+
+
+def preserve_ranges(log: tf.Tensor, variable: VariableLike, ranges: Any, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """From now on the first logged write of a row in ``ranges`` ([m, 2] of [lo, hi)) saves its words first."""
+    return _ops.ec_rec_preserve_ranges(
+        log=_handle(log, "log"), var=_handle(variable, "variable"),
+        ranges=tf.reshape(tf.convert_to_tensor(ranges, dtype=tf.int64, name="ranges"), [-1, 2]), name=name,
+    )
+
+
+def preserve_end(log: tf.Tensor, name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Forgets every preserved range and saved row of the log's PS."""
+    return _ops.ec_rec_preserve_end(log=_handle(log, "log"), name=name)
+
+
+def read_preserved_row_words(
+    variables: Union[VariableLike, Sequence[VariableLike]], log: tf.Tensor, rows: tf.Tensor, name: Optional[str] = None
+) -> tf.Tensor:
+    """Rows of the variables as words side by side, each as it was when its range was preserved."""
+    return _ops.ec_rec_read_preserved_row_words(
+        vars=_vars(variables), log=_handle(log, "log"), rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"), name=name
     )
 
 

@@ -78,6 +78,7 @@
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/core/refcount.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "ops/cc/kernels/recovery_view.h"
 
 namespace tensorflow {
 namespace ec_rec {
@@ -200,6 +201,10 @@ class DeltaLog : public ResourceBase {
   // Lets waiting CommitInOrders re-check after an undo (call without locks).
   void WakeAfterUndo();
 
+  // What this process keeps while a lost PS is rebuilt with training going
+  // on (recovery_view.h); thread-safe on its own.
+  RecoveryView& view() { return view_; }
+
  private:
   // Removes the entries `settles` picks, their updates staying in effect:
   // records the highest settled seq per target (and per fold source).
@@ -241,6 +246,7 @@ class DeltaLog : public ResourceBase {
   std::unordered_set<int64_t> fenced_ TF_GUARDED_BY(mu_);
   std::map<int64_t, int> in_flight_ TF_GUARDED_BY(mu_);
   condition_variable writes_done_;
+  RecoveryView view_;
 };
 
 // Holds a write admitted by DeltaLog::BeginWrite until destruction.

@@ -248,6 +248,14 @@ class DeltaLogUndoOp : public OpKernel {
         ctx, log->Undo(seq.scalar<int64_t>()(), target.scalar<int32>()(),
                        ordered_,
                        [&](const DeltaLog::Words& net) {
+                         // Rows a rebuild decodes from keep their T0 words.
+                         if (log->view().active()) {
+                           std::string key;
+                           TF_RETURN_IF_ERROR(VariableKey(ctx, 1, &key));
+                           log->view().Preserve(
+                               key, tables, net.rows.data(),
+                               static_cast<int64_t>(net.rows.size()));
+                         }
                          return XorRowsInto(tables, width, net.rows,
                                             net.words.data(), net.width);
                        },

@@ -8,13 +8,16 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/galois.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/row_shards.h"
+#include "ops/cc/kernels/word_tables.h"
 #include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -99,6 +102,10 @@ class ParityUpdateOp : public OpKernel {
     OP_REQUIRES_OK(ctx, shards.Build<Tindex>(rows, parity->dim_size(0), "rows"));
     LogWrite write;  // the last check: from here on the op writes
     if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
+    if (kLogged) {
+      OP_REQUIRES_OK(ctx, PreserveRows(ctx, log.get(), parity,
+                                       shards.rows_data(), shards.size()));
+    }
     if (shards.size() == 0 || width == 0) {
       if (kLogged) Log(log.get(), tag, coef, &shards, logged_delta);
       return;
@@ -160,6 +167,10 @@ class ParityUpdateOp : public OpKernel {
     if (keep.empty()) return OkStatus();
     LogWrite write;
     TF_RETURN_IF_ERROR(write.Begin(log, tag.sid, bypass_fence_));
+    std::vector<int64_t> kept_rows;
+    for (int64_t i : keep) kept_rows.push_back(static_cast<int64_t>(flat(i)));
+    TF_RETURN_IF_ERROR(PreserveRows(ctx, log, parity, kept_rows.data(),
+                                    static_cast<int64_t>(kept_rows.size())));
     DeltaLog::Entry entry;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(
         DT_INT32, TensorShape({static_cast<int64_t>(keep.size()), width}),
@@ -187,6 +198,17 @@ class ParityUpdateOp : public OpKernel {
     entry.coef = static_cast<uint32_t>(coef);
     entry.field_bits = field_bits_;
     log->Append(std::move(entry));
+    return OkStatus();
+  }
+
+  // A survivor keeps the T0 words of rows a rebuild decodes from
+  // (recovery_view.h); a parity row pending on a rebuilt PS takes folds.
+  static Status PreserveRows(OpKernelContext* ctx, DeltaLog* log,
+                             Tensor* parity, const int64_t* rows, int64_t n) {
+    if (!log->view().active() || n == 0) return OkStatus();
+    std::string key;
+    TF_RETURN_IF_ERROR(VariableKey(ctx, 0, &key));
+    log->view().Preserve(key, {WordsOf(parity)}, rows, n);
     return OkStatus();
   }
 

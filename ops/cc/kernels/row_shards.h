@@ -119,6 +119,7 @@ class RowShards {
 
   int64_t size() const { return static_cast<int64_t>(rows_.size()); }
   int64_t row(int64_t i) const { return rows_[i]; }
+  const int64_t* rows_data() const { return rows_.data(); }
   // Valid after MarkFirstOccurrences.
   bool has_duplicates() const { return !first_.empty(); }
   bool is_first(int64_t i) const { return first_.empty() || first_[i] != 0; }

@@ -10,12 +10,15 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/optimizer_rules.h"
+#include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/row_shards.h"
+#include "ops/cc/kernels/word_tables.h"
 #include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -109,6 +112,16 @@ class SparseApplyWithDeltaOp : public OpKernel {
                             0, TensorShape({ids.size(), width}), &delta));
     LogWrite write;  // the last check: from here on the op writes
     if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
+    if (kLogged && log->view().active() && ids.size() > 0) {
+      // A PS being rebuilt refuses updates of rows not there yet; a survivor
+      // keeps the words the rebuild decodes from (recovery_view.h).
+      std::string key;
+      OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
+      OP_REQUIRES_OK(ctx, log->view().CheckWritable(key, ids.rows_data(), ids.size()));
+      std::vector<WordTable> words;
+      for (int t = 0; t < kTables; ++t) words.push_back(WordsOf(vars.tensor(t)));
+      log->view().Preserve(key, words, ids.rows_data(), ids.size());
+    }
     if (ids.size() == 0) {
       if (kLogged) Log(log.get(), tag, &ids, *delta);
       return;

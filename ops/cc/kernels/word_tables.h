@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/word_table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -15,26 +16,6 @@
 
 namespace tensorflow {
 namespace ec_rec {
-
-// A variable seen as a matrix of 32-bit words: rows = dim 0 (1 for a
-// scalar), `words` per row = elements of a row * sizeof(element) / 4.
-struct WordTable {
-  char* base = nullptr;
-  int64_t rows = 0;
-  int64_t words = 0;
-};
-
-inline WordTable WordsOf(Tensor* t) {
-  WordTable table;
-  const TensorShape& shape = t->shape();
-  int64_t row_elements = 1;
-  for (int d = 1; d < shape.dims(); ++d) row_elements *= shape.dim_size(d);
-  table.rows = shape.dims() == 0 ? 1 : shape.dim_size(0);
-  table.words = row_elements * static_cast<int64_t>(DataTypeSize(t->dtype())) /
-                static_cast<int64_t>(sizeof(int32_t));
-  table.base = const_cast<char*>(t->tensor_data().data());
-  return table;
-}
 
 // The locked variables of inputs [first, first + n) as word tables of equal
 // row count; `*width` is the sum of their row widths.

@@ -1,0 +1,37 @@
+// A tensor seen as a matrix of 32-bit words (no locking: see word_tables.h).
+
+#ifndef TF_ECREC_OPS_CC_KERNELS_WORD_TABLE_H_
+#define TF_ECREC_OPS_CC_KERNELS_WORD_TABLE_H_
+
+#include <cstdint>
+
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace tensorflow {
+namespace ec_rec {
+
+// A variable seen as a matrix of 32-bit words: rows = dim 0 (1 for a
+// scalar), `words` per row = elements of a row * sizeof(element) / 4.
+struct WordTable {
+  char* base = nullptr;
+  int64_t rows = 0;
+  int64_t words = 0;
+};
+
+inline WordTable WordsOf(Tensor* t) {
+  WordTable table;
+  const TensorShape& shape = t->shape();
+  int64_t row_elements = 1;
+  for (int d = 1; d < shape.dims(); ++d) row_elements *= shape.dim_size(d);
+  table.rows = shape.dims() == 0 ? 1 : shape.dim_size(0);
+  table.words = row_elements * static_cast<int64_t>(DataTypeSize(t->dtype())) /
+                static_cast<int64_t>(sizeof(int32_t));
+  table.base = const_cast<char*>(t->tensor_data().data());
+  return table;
+}
+
+}  // namespace ec_rec
+}  // namespace tensorflow
+
+#endif  // TF_ECREC_OPS_CC_KERNELS_WORD_TABLE_H_
