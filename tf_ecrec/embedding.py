@@ -33,6 +33,7 @@ from tf_ecrec import placement
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
+from tf_ecrec import ops as ec_ops
 
 _LOG = logging.getLogger(__name__)
 
@@ -199,7 +200,13 @@ class EmbeddingCollection:
         values = []
         for p in range(self.num_ps):
             if p in self.data:
-                values.append(tf.gather(self.data[p], locals_[p]))
+                var = self.data[p]
+                with tf.compat.v1.device(var.device):
+                    # Rows of a PS being rebuilt in the background are there before they are read
+                    # (the wait asks the rebuild for them; a no-op otherwise): tf_ecrec.rebuild.
+                    ready = ec_ops.await_rebuilt_rows(ec_ops.delta_log(name=f"ec_delta_log_ps{p}"), var, locals_[p])
+                with tf.control_dependencies([ready]):
+                    values.append(tf.gather(var, locals_[p]))
             else:  # a PS without data chunks of this collection gets no ids
                 values.append(tf.zeros([0, self.dim], tf.float32))
         stitched = tf.dynamic_stitch(positions, values)

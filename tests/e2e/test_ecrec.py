@@ -138,3 +138,27 @@ def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_w
     assert accumulators
     for name in accumulators:
         assert float(np.min(reader.get_tensor(name))) >= np.float32(0.1), name
+
+
+def test_with_a_spare_training_goes_on_while_the_killed_ps_rows_are_rebuilt(tmp_path):
+    """--spare-ps 1 --kill ps:1: trainers resume once the spare holds the lost PS's variables with its table rows
+    pending; steps complete between that and the end of the rebuild (lookups wait only for the rows they ask for,
+    which the rebuild installs first), nothing is rolled back and parity is exact at the end."""
+    import re
+
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "1200", "--spare-ps", "1",
+                       "--table-rows", "200000", "--embedding-dim", "16", "--kill", "ps:1@step=500")
+    (rec,) = report["recovery"]
+    assert rec["method"] == "parity" and rec["rebuilt_in_background"] and rec["steps_rolled_back"] == 0
+    events = report["events"]
+    started = next(e for e in events if e["kind"] == "rebuilding")
+    done = next(e for e in events if e["kind"] == "recovered")
+    # The chief read the global step when trainers were let in and when the last row was installed:
+    # steps completed in between, on a PS whose rows were partly there.
+    assert started["t"] < done["t"] and done["global_step"] > started["global_step"], (started, done)
+    assert rec["samples_per_sec_in_window"] > 0 and rec["bytes_rebuilt"] > 100_000_000
+    with open(os.path.join(tmp_path, "logs", "chief-0.log"), encoding="utf-8") as fh:
+        asked = re.search(r"background rebuild of PS \[1\] done: (\d+) rows \((\d+) asked for by lookups first\)", fh.read())
+    assert asked and int(asked.group(2)) > 0, "no lookup asked for a pending row"
+    assert "rebuilds lost PS [1] while training goes on" in err
+    _assert_parity_exact(report, stripes=3)

@@ -30,6 +30,7 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "seconds_to_resume": 7.0,
         "seconds_to_regain": 11.0,
         "method": "checkpoint",
+        "rebuilt_in_background": False,
         "bytes_rebuilt": 0,
         "rebuild_seconds": 0.0,
         "address": "same",
@@ -75,6 +76,26 @@ def test_the_recovery_window_runs_to_the_rebuild_and_has_its_throughput_rate_and
     report = build_report(JobSpec(steps=100, fault_tolerance="ecrec"), t0, events, timeline, {}, {}, memory=memory)
     assert report["memory"]["chief:0"]["peak_mb"] == 800.0 and len(report["memory"]["chief:0"]["samples"]) == 30
     assert 0.3 < report["recovery"][0]["throughput_in_window"] < 0.5
+
+
+def test_with_a_background_rebuild_the_window_runs_past_the_resume_to_the_rebuild_end():
+    t0 = 1000.0
+    events = [
+        Event(20.0, "kill", "ps:1", 1200),
+        Event(21.0, "rebuilding", "chief:0", 1200, {"lost_ps": [1], "seconds": 0.4}),
+        Event(21.5, "resumed", "ps:1", 1201),
+        Event(24.0, "recovered", "chief:0", 1230, {"method": "parity", "bytes_rebuilt": 3_000_000_000, "rebuild_seconds": 3.0}),
+        Event(30.0, "kill", "ps:2", 1500),
+        Event(40.0, "recovered", "chief:0", 1500, {"method": "parity", "bytes_rebuilt": 1, "rebuild_seconds": 1.0}),
+        Event(41.0, "resumed", "ps:2", 1501),
+    ]
+    timeline = [(t0 + t, t, 100) for t in range(1, 45)]
+    first, second = recovery_entries(events, "ecrec", timeline, t0)
+    assert first["rebuilt_in_background"] and first["window_seconds"] == 4.0
+    assert first["samples_per_sec_in_window"] == 100.0 and first["rebuild_gb_per_sec"] == 1.0
+    assert first["seconds_to_resume"] == 1.5
+    # The next kill's rebuild is its own (not the first's, nor after its resume without a "rebuilding").
+    assert not second["rebuilt_in_background"] and second["window_seconds"] == 10.0
 
 
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():
