@@ -3,7 +3,9 @@
 #define EIGEN_USE_THREADS
 
 #include <cstdint>
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,11 +113,18 @@ class AwaitRebuiltRowsOp : public AsyncOpKernel {
       raw->Unref();
     };
     // Register before waiting, so that a cancellation cannot come between.
-    auto id_holder = std::make_shared<std::atomic<int64_t>>(-2);
+    // The callback and this kernel meet only in `state` (shared): once the
+    // wait is registered, the step's context may end at any moment.
+    struct Shared {
+      std::atomic<int64_t> id{-2};
+      std::atomic<bool> cancelled{false};
+    };
+    auto state = std::make_shared<Shared>();
     bool cancelled = false;
     if (cm != nullptr) {
-      cancelled = !cm->RegisterCallback(token, [raw, id_holder]() {
-        const int64_t id = id_holder->load();
+      cancelled = !cm->RegisterCallback(token, [raw, state]() {
+        state->cancelled = true;
+        const int64_t id = state->id.load();
         if (id >= 0) raw->view().Cancel(id);
       });
     }
@@ -126,10 +135,10 @@ class AwaitRebuiltRowsOp : public AsyncOpKernel {
       return;
     }
     const int64_t id = raw->view().Await(key, std::move(rows), finish);
-    id_holder->store(id);
-    // A cancellation that ran before the id was stored found nothing to
-    // cancel; catch it here.
-    if (id >= 0 && cm != nullptr && cm->IsCancelled()) raw->view().Cancel(id);
+    state->id.store(id);
+    // A cancellation that came before the id was stored found nothing to
+    // cancel; Cancel is a no-op for a wait that already ended.
+    if (id >= 0 && state->cancelled.load()) raw->view().Cancel(id);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>AwaitRebuiltRows").Device(DEVICE_CPU),
