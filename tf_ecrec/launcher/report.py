@@ -127,7 +127,9 @@ def recovery_entries(
         regained = next((e for e in later if e.kind == "regained" and e.task == kill.task), None)
         # The chief's report that the model is whole again: before training resumed, or after it
         # when the rows were rebuilt in the background ("rebuilding" came first), before the next kill.
-        upto_next = next((e.t for e in later if e.kind in ("kill", "crash")), float("inf"))
+        # (kills at the same moment share one recovery: only a kill after this one's resumption bounds it)
+        after = resumed.t if resumed is not None else float("inf")
+        upto_next = next((e.t for e in later if e.kind in ("kill", "crash") and e.t > after), float("inf"))
         background = next((e for e in later if e.kind == "rebuilding" and e.t <= upto_next), None)
         recovered = next(
             (e for e in later if e.kind == "recovered" and e.t <= upto_next
