@@ -7,8 +7,10 @@ membership watch, and acts on them only between steps::
 
     __init__     validate; remember the PS version the session was built for
     begin        start the poller thread (or subscribe to the watch)
+    after_create_session  remember which retarget the session was created after
     before_run   nothing to fetch
-    after_run    if a change was seen: request_stop() once, record old/new
+    after_run    if a change was seen (or this session predates a retarget):
+                 request_stop() once, record old/new
     end          stop the poller (or unsubscribe)
 
 The failover loop then calls :meth:`PsMigrationHook.raise_if_migrated`,
@@ -54,13 +56,22 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
         required).
       poll_secs: Seconds between polls (client mode).
       warn_every_secs: Minimum seconds between "master unreachable" warnings.
+      retarget: source mode only: ``retarget(addresses)`` points the sessions
+        TensorFlow creates from now on at the PS `addresses` (the failover
+        loop writes them into the live session ConfigProto).  With it a move
+        is followed in place: the poller retargets and keeps watching, and only
+        a session created before the move is stopped (one created after it
+        already reaches the new addresses).  The source must publish a new
+        address only once the task at the old one is gone (a replacement
+        after a failure, as the launcher and a Kubernetes controller do).
     """
 
     def __init__(self, client: Optional[MasterClient] = None, *,
                  membership: Optional[MembershipBackend] = None,
                  source: Any = None, expected_ps: Optional[Sequence[str]] = None,
                  expected_version: Optional[int] = None, poll_secs: float = 1.0,
-                 warn_every_secs: float = 30.0) -> None:
+                 warn_every_secs: float = 30.0,
+                 retarget: Optional[Callable[[Sequence[str]], None]] = None) -> None:
         if sum(x is not None for x in (client, membership, source)) != 1:
             raise ConfigError("PsMigrationHook needs exactly one of client=, membership= or source=")
         if (source is None) != (expected_ps is None):
@@ -69,6 +80,8 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
             raise ConfigError(f"PsMigrationHook poll_secs={poll_secs}; rule: > 0")
         if membership is not None and expected_version is not None:
             raise ConfigError("PsMigrationHook expected_version applies to client= only")
+        if retarget is not None and source is None:
+            raise ConfigError("PsMigrationHook retarget= applies to source= only")
         self._client = client
         self._membership = membership
         self._source = source
@@ -84,6 +97,10 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
         self._thread: Optional[threading.Thread] = None
         self._unsubscribe: Optional[Callable[[], None]] = None
         self._stop_requested = False
+        self._retarget = retarget
+        self._target_gen = 0  # retargets so far
+        self._session_gen = 0  # retargets before the current session was created
+        self.retargets = 0
         self.migration: Optional[Tuple[int, int]] = None
         self.steps_seen = 0  # steps completed under this hook (the failover loop's progress signal)
 
@@ -99,8 +116,16 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
                                             name="tf-ecrec-ps-migration-poller")
             self._thread.start()
 
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        with self._lock:
+            self._session_gen = self._target_gen
+
     def after_run(self, run_context: Any, run_values: Any) -> None:
         self.steps_seen += 1
+        with self._lock:
+            stale = self._session_gen != self._target_gen  # a session of the cluster before a retarget
+        if stale and not self._stop_requested:
+            self._changed.set()
         if not self._changed.is_set() or self._stop_requested:
             return
         with self._lock:
@@ -154,9 +179,24 @@ class PsMigrationHook(tf.compat.v1.train.SessionRunHook):
             else:
                 if all(now) and list(now) != self._expected_ps:
                     _LOG.info("PS tasks moved from %s to %s", self._expected_ps, now)
-                    self._changed.set()
-                    return
+                    if self._retarget is None or not self._retarget_to(list(now)):
+                        self._changed.set()
+                        return
             self._stop.wait(self._poll_secs)
+
+    def _retarget_to(self, addresses: list) -> bool:
+        """Points new sessions at `addresses`; False if that failed (then the session is stopped)."""
+        try:
+            assert self._retarget is not None
+            self._retarget(addresses)
+        except Exception:  # noqa: BLE001 - fall back to stopping the session, which rebuilds everything
+            _LOG.exception("retargeting the sessions at %s failed; stopping the session instead", addresses)
+            return False
+        with self._lock:
+            self._expected_ps = addresses
+            self._target_gen += 1
+            self.retargets += 1
+        return True
 
     def _saw(self, ps_version: int) -> None:
         with self._lock:

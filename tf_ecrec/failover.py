@@ -25,6 +25,9 @@ The loop, `FailoverLoop.train`, is a state machine with bounded waits
     BUILD  write TF_CONFIG for the current cluster, build RunConfig (with the
            session config above) and the Estimator          -> TRAIN
     TRAIN  Estimator.train with a PsMigrationHook watching the source
+             the source shows the PS at new addresses: write
+             them into the live session ConfigProto (see
+             below), keep training                           -> RETARGET
              returns, no migration seen                      -> DONE
              returns after the hook stopped it (PS moved)    -> WAIT
              session error: DeadlineExceeded, Unavailable,
@@ -36,6 +39,25 @@ The loop, `FailoverLoop.train`, is a state machine with bounded waits
            more than `max_failovers` WAITs in a row with no
            step completed between them                      -> RecoveryError
     DONE   return
+
+Retargeting in place.  When a PS dies, TensorFlow's MonitoredSession closes
+the session and creates a new one from the same ConfigProto, inside
+``Estimator.train``; with the old address in it, that creation can only
+fail, after the operation timeout (measured: 20 s from the kill, one
+timeout for the close and one for the creation, before this loop could
+rebuild).  So the loop makes the creation reach the new cluster instead:
+
+- ``GRPC_FAIL_FAST=true`` (`fast_reconnect`): TensorFlow's device scan of a
+  session being created fails at once on a task that is down, instead of
+  waiting for it until the timeout; MonitoredSession retries the creation;
+- the migration hook's poller, on seeing every PS alive at the source's new
+  addresses, writes them into the ConfigProto the Estimator hands to every
+  session it creates (``Estimator._session_config``: read, never replaced;
+  tf.estimator 2.15 is its last release), so the next retry reaches the
+  moved PS, the chief's recovery runs in that session and training goes on
+  in the same ``Estimator.train`` call: no graph rebuilt, no process
+  started.  A session created before the retarget is stopped at its next
+  step and rebuilt (BUILD) as before.
 
 The rebuild of the lost PS's variables is not this module's: the chief's
 new session runs it (`tf_ecrec.recovery`), exactly as for a PS restarted at
@@ -49,6 +71,7 @@ import enum
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -153,6 +176,10 @@ def fast_reconnect() -> None:
     value the user set is kept.
     """
     os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_RECONNECT_OPTIONS)
+    # A session's device scan otherwise waits for a task that is down until the operation
+    # timeout; failing at once lets MonitoredSession retry, and a retargeted retry reach
+    # a moved PS (see the module doc).  TensorFlow reads it on every call.
+    os.environ.setdefault("GRPC_FAIL_FAST", "true")
 
 
 def own_server(address: str) -> Any:
@@ -215,6 +242,22 @@ def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None
     return propagated_config(session_cluster(cluster), timeout_secs, base)
 
 
+def live_session_config(estimator: Any, built: Any) -> Any:
+    """The ConfigProto `estimator` creates its sessions from, if it carries the cluster of `built`; else None.
+
+    `tf.estimator.Estimator` keeps one (``_session_config``; its RunConfig's,
+    possibly a copy) and passes that object to every MonitoredSession it
+    runs, which re-creates sessions from it after a failure.  None (no
+    retargeting, the session is rebuilt instead) when the Estimator holds no
+    such object or one for another cluster (a `build` that ignored the
+    session config it was given).
+    """
+    live = getattr(estimator, "_session_config", None)
+    if live is None or not hasattr(live, "cluster_def") or live.cluster_def != built.cluster_def:
+        return None
+    return live
+
+
 # ---- the loop --------------------------------------------------------------------------------
 
 
@@ -222,6 +265,7 @@ class State(enum.Enum):
     BUILD = "build"
     TRAIN = "train"
     WAIT = "wait"
+    RETARGET = "retarget"
     DONE = "done"
 
 
@@ -276,6 +320,8 @@ class FailoverLoop:
         self._on_transition = on_transition
         self.history: list[tuple[float, State, str]] = []
         self.estimator: Any = None
+        self._lock = threading.Lock()  # self.cluster: the poller retargets it while TRAIN runs
+        self._live_config: Any = None
 
     def _enter(self, state: State, reason: str) -> State:
         self.history.append((time.time(), state, reason))
@@ -304,9 +350,12 @@ class FailoverLoop:
         while True:
             if state is State.BUILD:
                 os.environ["TF_CONFIG"] = json.dumps(self.cluster.to_tf_config())
-                self.estimator = self._build(self.cluster, session_config(self.cluster, self._timeout))
+                config = session_config(self.cluster, self._timeout)
+                self.estimator = self._build(self.cluster, config)
+                self._live_config = live_session_config(self.estimator, config)
                 migration = PsMigrationHook(source=self._source, expected_ps=self.cluster.ps_addresses,
-                                            poll_secs=self._poll)
+                                            poll_secs=self._poll,
+                                            retarget=self._retarget if self._live_config is not None else None)
                 state = self._enter(State.TRAIN, "estimator built")
             elif state is State.TRAIN:
                 try:
@@ -334,14 +383,33 @@ class FailoverLoop:
                         f"than max_failovers = {self._max_failovers}; the cluster keeps failing; source: FailoverLoop"
                     )
                 addresses = self._wait_for_ps()
-                if addresses != list(self.cluster.ps_addresses):
+                with self._lock:
                     old = list(self.cluster.ps_addresses)
-                    for index, address in enumerate(addresses):
-                        if address != old[index]:
-                            self.cluster = self.cluster.replace_address("ps", index, address)
+                    self.cluster = self._moved(self.cluster, addresses)
+                if addresses != old:
                     state = self._enter(State.BUILD, f"PS moved: {old} -> {addresses}")
                 else:
                     state = self._enter(State.BUILD, "PS at the same addresses")
+
+    @staticmethod
+    def _moved(cluster: ClusterConfig, addresses: Sequence[str]) -> ClusterConfig:
+        for index, address in enumerate(addresses):
+            if address != cluster.ps_addresses[index]:
+                cluster = cluster.replace_address("ps", index, address)
+        return cluster
+
+    def _retarget(self, addresses: Sequence[str]) -> None:
+        """The migration hook's poller saw the PS at `addresses`: new sessions go there (see the module doc)."""
+        import tensorflow as tf
+
+        with self._lock:
+            old = list(self.cluster.ps_addresses)
+            moved = self._moved(self.cluster, addresses)
+            # One assignment of the whole message: a creation that serializes the config sees the old
+            # cluster or the new one, never a mix (the GIL holds across the copy).
+            self._live_config.cluster_def.CopyFrom(tf.train.ClusterSpec(session_cluster(moved)).as_cluster_def())
+            self.cluster = moved
+        self._enter(State.RETARGET, f"PS moved: {old} -> {list(addresses)}")
 
     def _wait_for_ps(self) -> list[str]:
         deadline = time.monotonic() + self._wait_secs

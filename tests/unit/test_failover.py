@@ -1,8 +1,8 @@
 """The failover loop's states and waits, its cluster sources (file and a real master), the migration hook's source mode.
 
 The loop's Estimator is a scripted stand-in here (the logic under test is the
-state machine); tests/e2e/test_failover_e2e.py runs the same transitions with
-real TensorFlow servers, a PS moved to a new port and the chief's rebuild.
+state machine); tests/e2e/test_ecrec.py runs the same transitions with real
+TensorFlow servers, a PS moved to a new port or to a spare, and the chief's rebuild.
 """
 
 from __future__ import annotations
@@ -126,6 +126,106 @@ def test_a_ps_back_at_its_old_address_rebuilds_with_the_same_cluster(monkeypatch
     loop, seen, _ = _loop([tf.errors.UnavailableError(None, None, "Socket closed"), "ok"], Source(PS))
     loop.train(lambda: None)
     assert "same addresses" in loop.history[3][2] and seen[1]["tf_config"]["cluster"]["ps"] == PS
+
+
+class RecreatingEstimator:
+    """An Estimator holding the session config like tf.estimator's: its train() fails a session while the PS
+    moves, then re-creates sessions from that same config (as MonitoredSession does) until one reaches the
+    moved PS; the hook sees each creation and each step."""
+
+    def __init__(self, config, moved, seen):
+        self._session_config = config
+        self.moved = moved
+        self.seen = seen
+
+    def train(self, input_fn, max_steps=None, hooks=(), saving_listeners=None):
+        hook = hooks[-1]
+        hook.begin()
+        ctx = type("Ctx", (), {"request_stop": lambda self: self.stops.append(1), "stops": []})()
+        hook.after_create_session(None, None)
+        hook.after_run(ctx, None)  # a step on the first session
+        deadline = time.time() + 5
+        creations = 0
+        while time.time() < deadline:  # the PS died: MonitoredSession re-creates from the same config
+            creations += 1
+            ps = {j.name: dict(j.tasks) for j in self._session_config.cluster_def.job}["ps"]
+            if list(ps.values()) == self.moved:
+                break
+            time.sleep(0.01)
+        hook.after_create_session(None, None)
+        hook.after_run(ctx, None)
+        hook.after_run(ctx, None)
+        hook.end(None)
+        self.seen.append({"creations": creations, "stops": len(ctx.stops)})
+
+
+def test_a_move_seen_while_training_retargets_the_live_session_config_and_training_goes_on(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    moved = [PS[0], "127.0.0.1:4001", PS[2]]
+    seen, transitions = [], []
+    loop = FailoverLoop(_cluster(), lambda c, config: RecreatingEstimator(config, moved, seen),
+                        Source(PS, PS, [PS[0], None, PS[2]], moved), poll_secs=0.01,
+                        on_transition=lambda state, reason: transitions.append(state))
+    loop.train(lambda: None)
+    # One Estimator, one train() call: the re-created session reached the moved PS, and no stop was asked.
+    assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN, State.RETARGET, State.DONE]
+    assert len(seen) == 1 and seen[0]["stops"] == 0 and seen[0]["creations"] >= 1
+    assert "127.0.0.1:4001" in loop.history[2][2] and loop.cluster.ps_addresses == tuple(moved)
+    assert transitions == [State.BUILD, State.TRAIN, State.RETARGET, State.DONE]
+
+
+def test_a_session_created_before_a_retarget_is_stopped_and_rebuilt():
+    """A session still on the old cluster (its PS alive) must not go on after the move: the hook stops it."""
+    stops = []
+    ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
+    targets = []
+    hook = PsMigrationHook(source=Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), expected_ps=PS, poll_secs=0.01,
+                           retarget=targets.append)
+    hook.begin()
+    hook.after_create_session(None, None)
+    deadline = time.time() + 5
+    while not targets and time.time() < deadline:
+        time.sleep(0.01)
+    hook.after_run(ctx, None)
+    hook.end(None)
+    assert targets == [["127.0.0.1:5000", PS[1], PS[2]]] and hook.retargets == 1
+    assert stops == [1] and hook.migration is not None
+
+
+def test_a_retarget_that_fails_stops_the_session_instead():
+    stops = []
+    ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
+
+    def broken(addresses):
+        raise RuntimeError("no live config")
+
+    hook = PsMigrationHook(source=Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), expected_ps=PS, poll_secs=0.01,
+                           retarget=broken)
+    hook.begin()
+    hook.after_create_session(None, None)
+    deadline = time.time() + 5
+    while not stops and time.time() < deadline:
+        hook.after_run(ctx, None)
+        time.sleep(0.01)
+    hook.end(None)
+    assert stops == [1] and hook.retargets == 0
+
+
+def test_a_real_estimator_creates_its_sessions_from_the_config_the_loop_retargets(tmp_path):
+    """The contract retargeting rests on, checked on tf.estimator itself: the ConfigProto the Estimator passes
+    to its sessions is found from the one `build` was given, also when RunConfig.replace copied it."""
+    from tf_ecrec.failover import live_session_config
+
+    config = session_config(_cluster(), 5.0)
+    run_config = tf.estimator.RunConfig(model_dir=str(tmp_path), session_config=config)
+    run_config = run_config.replace(save_summary_steps=7)  # deep-copies the ConfigProto
+    estimator = tf.estimator.Estimator(model_fn=lambda features, labels, mode: None, config=run_config)
+    live = live_session_config(estimator, config)
+    assert live is not None and live.cluster_def == config.cluster_def
+    # What the Estimator hands to MonitoredTrainingSession is that very object.
+    assert live is estimator._session_config
+    other = session_config(_cluster(ps=["127.0.0.1:9", PS[1], PS[2]]), 5.0)
+    assert live_session_config(estimator, other) is None  # a build that ignored its config: no retarget
 
 
 def test_a_ps_that_never_comes_back_is_a_recovery_error_within_the_wait(monkeypatch):

@@ -156,7 +156,7 @@ def recovery_entries(
         resumed_from = min(min(seen), kill.global_step) if seen else None
         upto = resumed.t if resumed is not None else float("inf")
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
-        failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") == "build" and e.t <= upto]
+        failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") in ("build", "retarget") and e.t <= upto]
         out.append(
             {
                 "task": kill.task,

@@ -133,7 +133,7 @@ def _report_failover(cluster: ClusterConfig) -> Any:
     sender = _status_sender(cluster)
 
     def on_transition(state: Any, reason: str) -> None:
-        if sender is not None and state.value in ("wait", "build"):
+        if sender is not None and state.value in ("wait", "build", "retarget"):
             sender.send("failover", state=state.value, reason=reason)
 
     return on_transition
