@@ -183,10 +183,8 @@ class _CollectionRebuild:
                             parts.append(tf.zeros([0, 0], tf.int32))
                             continue
                         take = tf.where(self.read[s, j], tf.size(off), 0)
-                        parts.append(
-                            ec_ops.read_preserved_row_words(list(vars_j), logs[other.ps], off[:take] + first_j,
-                                                            name=f"bg_read_{kind}_s{s}_c{i}_from{j}")
-                        )
+                        parts.append(self._t0_words(list(vars_j), logs[other.ps], off[:take] + first_j,
+                                                    name=f"bg_read_{kind}_s{s}_c{i}_from{j}"))
                 with tf.compat.v1.device(variables[0].device):
                     words = ec_ops.combine_rows(self.coefs[s, i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
                     outs.append(
@@ -194,6 +192,13 @@ class _CollectionRebuild:
                                                  name=f"bg_install_{kind}_s{s}_c{i}")
                     )
             self.installs[(s, i)] = (outs[0], outs[1])
+
+    @staticmethod
+    def _t0_words(variables: list[tf.Variable], log: tf.Tensor, rows: tf.Tensor, name: str) -> tf.Tensor:
+        """The words `rows` of a survivor's chunk held at T0 (preserved since; current if never written)."""
+        from tf_ecrec import ops as ec_ops
+
+        return ec_ops.read_preserved_row_words(variables, log, rows, name=name)
 
     def feeds(self, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]]) -> dict[Any, np.ndarray]:
         """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`."""
@@ -230,6 +235,10 @@ class Rebuilder:
       slice_bytes: bytes of each chunk slice per session call (> 0).
     """
 
+    collection_rebuild = _CollectionRebuild
+    """The ops of one collection's rebuild (the fault-schedule harness swaps in a broken variant to show
+    that its oracle catches a rebuild that decodes from survivors' current words instead of their T0 words)."""
+
     def __init__(self, optimizer: ECOptimizer, collections: Iterable[EmbeddingCollection],
                  slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
         if not isinstance(slice_bytes, int) or slice_bytes <= 0:
@@ -244,7 +253,7 @@ class Rebuilder:
             for p, log in logs.items():
                 with tf.compat.v1.device(log.device):
                     wait[p] = ec_ops.wait_wanted(log, self.wait_ms, name=f"wait_wanted_ps{p}")
-        self._tables = [_CollectionRebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
+        self._tables = [self.collection_rebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
         self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         with tf.name_scope("ec_rebuild"):
             self._alloc = {name: self._zeros_into(v) for name, v in self._variables.items()}
@@ -328,14 +337,19 @@ class Rebuilder:
 
     # ---- running ---------------------------------------------------------------------------
 
-    def rebuild(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> RebuildStats:
-        """Allocates and rebuilds every variable of the `lost` PS from the survivors (which must cover them)."""
-        lost_set = set(int(p) for p in lost)
+    def _allocate(self, sess: tf.compat.v1.Session, lost: set[int], options: Any) -> RebuildStats:
+        """Creates every variable of the `lost` PS as zeros; the stats of a rebuild that starts with it."""
         stats = RebuildStats()
-        allocs = [op for name, op in self._alloc.items() if device_task(self._variables[name].device) in lost_set]
+        allocs = [op for name, op in self._alloc.items() if device_task(self._variables[name].device) in lost]
         if allocs:
             sess.run(allocs, options=options)
             stats.session_calls += 1
+        return stats
+
+    def rebuild(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> RebuildStats:
+        """Allocates and rebuilds every variable of the `lost` PS from the survivors (which must cover them)."""
+        lost_set = set(int(p) for p in lost)
+        stats = self._allocate(sess, lost_set, options)
         for table in self._tables:
             targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
             present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost_set} for st in table.layout.stripes}
@@ -352,11 +366,7 @@ class Rebuilder:
         installs the rows (not started).  The caller then lets trainers run.
         """
         lost_set = set(int(p) for p in lost)
-        stats = RebuildStats()
-        allocs = [op for name, op in self._alloc.items() if device_task(self._variables[name].device) in lost_set]
-        if allocs:
-            sess.run(allocs, options=options)
-            stats.session_calls += 1
+        stats = self._allocate(sess, lost_set, options)
         self._copy_dense(sess, lambda v: device_task(v.device) in lost_set, options, stats)
         ops, feeds = [], {}
         for g in self._groups:

@@ -15,13 +15,20 @@ between any two ops:
   the chief recovers, possibly crashing after any number of its session
   calls, or losing another PS in the middle, and recovers again;
 * the cluster generation is raised (a PS moved): trainers still on the old
-  generation keep trying to train.
+  generation keep trying to train;
+* with ``background=True``, a recovery rebuilds the lost table rows while the
+  workers go on (`tf_ecrec.rebuild.BackgroundRebuild`): the harness installs
+  the walk's slices one at a time between any two ops, and a worker's step
+  whose lookups wait for pending rows runs on a thread while the harness
+  installs what those lookups ask for (the chief's "wanted" loop); kills,
+  chief crashes and restarts land in the middle of it as anywhere else.
 
 The oracle: every apply's delta is recorded as it returns, so for each row
 of each protected variable (value and slots, as words) the harness knows the
 sequence of states real updates took it through.  After every settlement
-and recovery it checks that each row holds one of them (invariant ii: whole
-updates only), that no step whose commit returned OK lost its update
+and recovery (and at the end of a background rebuild; while one runs, rows
+of the PS being rebuilt are not read: a pending row reads as zeros) it
+checks that each row holds one of them (invariant ii: whole updates only), that no step whose commit returned OK lost its update
 (iii), that old-generation trainers changed nothing (vi), and, whenever no
 step is in flight, that every stripe's parity and every replica equals the
 code of the data bit for bit (i).
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
+from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
@@ -49,6 +58,8 @@ TABLES = [("a", 48), ("b", 12)]
 DIM = 4
 BATCH = 8
 ACTION_TIMEOUT_MS = 20_000
+SLICE_BYTES = 128  # a few rows per slice: a background walk takes several ticks
+WANTED_WAIT_MS = 20
 
 
 class InjectedCrash(Exception):
@@ -60,6 +71,10 @@ class _CrashingSession:
 
     def __init__(self, sess: tf.compat.v1.Session, after: int, on_crash: Callable[[], None] | None = None) -> None:
         self._sess, self._left, self._on_crash = sess, after, on_crash
+
+    def disarm(self) -> None:
+        """The chief did not die after all: later calls (a background rebuild's end) pass through."""
+        self._left = float("inf")
 
     def run(self, fetches: Any, feed_dict: Any = None, **kwargs: Any) -> Any:
         if self._left <= 0:
@@ -73,7 +88,8 @@ class _CrashingSession:
 class Rig:
     """The graph of one sequence: model, optimizer, recovery plan, and per-PS destroy ops."""
 
-    def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None) -> None:
+    def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None,
+                 background: bool = False, rebuilder_cls: type | None = None) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -93,7 +109,11 @@ class Rig:
             }[optimizer]()
             self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
             self.opt.minimize(loss, global_step=step)
-            self.plan = RecoveryPlan(self.opt, background=False)
+            self.coll = coll
+            self.plan = RecoveryPlan(self.opt, background=background, slice_bytes=SLICE_BYTES)
+            self.plan.run_threads = False  # the harness drives a background rebuild's steps itself
+            if rebuilder_cls is not None:  # a deliberately broken rebuild, to test the oracle
+                self.plan.rebuilder = rebuilder_cls(self.opt, self.plan._colls, slice_bytes=SLICE_BYTES)
             self.ready = self.plan.raising_ready_op()  # what the workers' sessions wait on
             if reconciler_cls is not None:  # a deliberately broken protocol, to test the oracle
                 self.plan.reconciler = reconciler_cls(
@@ -139,12 +159,17 @@ class Oracle:
             chain = self.history[tid][int(row)]
             chain.append((chain[-1][0] ^ delta[i], sid))
 
-    def check(self, values: dict[int, np.ndarray], ok: set[int], where: str) -> list[str]:
+    def check(self, values: dict[int, np.ndarray], ok: set[int], where: str,
+              pending: dict[int, np.ndarray] | None = None) -> list[str]:
         """Each row must hold a state of its history, no later than every OK step's; truncates
-        each history at the state found (what comes after it was undone or rolled back)."""
+        each history at the state found (what comes after it was undone or rolled back).
+        Rows marked in `pending` (per target, a mask) are not checked now."""
         problems = []
+        pending = pending or {}
         for tid, rows in self.history.items():
             for row, chain in rows.items():
+                if tid in pending and pending[tid][row]:
+                    continue
                 value = values[tid][row]
                 match = next((j for j in range(len(chain) - 1, -1, -1) if np.array_equal(chain[j][0], value)), None)
                 if match is None:
@@ -190,6 +215,9 @@ class Stats:
     stale_settlements: int = 0
     generation_bumps: int = 0
     zombie_writes_refused: int = 0
+    background_rebuilds: int = 0
+    slices_installed: int = 0
+    rows_asked_by_lookups: int = 0
     parity_checks: int = 0
     unrecoverable: int = 0
     violations: list[str] = dataclasses.field(default_factory=list)
@@ -206,11 +234,12 @@ class Sequence:
     """One seeded failure sequence on a fresh graph (the cluster's resources are reset first)."""
 
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
-                 ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None) -> None:
+                 ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
+                 background: bool = False, rebuilder_cls: type | None = None) -> None:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.target = target
-        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls)
+        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls)
         self.ticks = ticks
         self.workers = [_Worker(i, 0) for i in range(workers)]
         self.next_wid = workers
@@ -241,10 +270,12 @@ class Sequence:
     def _tick(self) -> bool:
         events = (
             ["advance"] * 500 + ["kill_worker"] * 3 + ["stale"] * 3 + ["chief_restart"] + ["kill_ps"] * 2
-            + ["generation"] + ["quiesce"]
+            + ["generation"] + ["quiesce"] + ["slice"] * 20
         )
         event = events[self.rng.integers(len(events))]
-        if event == "advance":
+        if event == "slice" and self._job() is not None:
+            self._install_slice()
+        elif event in ("advance", "slice"):
             self._advance(self.workers[self.rng.integers(len(self.workers))])
         elif event == "kill_worker":
             self._kill_worker()
@@ -309,7 +340,7 @@ class Sequence:
             feed[gate] = step.sid
         self.stats.actions += 1
         try:
-            out = self.sess.run(fetch, feed, options=tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS))
+            out = self._run_action(fetch, feed, lookups=kind == "apply")
         except tf.errors.DeadlineExceededError:
             self.stats.violations.append(f"seed {self.seed}: {kind} {arg} of a step hung")
             worker.step = None
@@ -338,6 +369,47 @@ class Sequence:
             self.ok.add(step.sid)
             self.stats.steps_ok += 1
             worker.step = None
+
+    def _run_action(self, fetch: Any, feed: dict, lookups: bool) -> Any:
+        """Runs one op of a step; while a background rebuild runs, an apply (whose forward lookups may wait
+        for pending rows) runs on a thread while the harness installs the rows those lookups ask for."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS)
+        job = self._job()
+        if job is None or not lookups:
+            return self.sess.run(fetch, feed, options=options)
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = self.sess.run(fetch, feed, options=options)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the harness's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            self.stats.rows_asked_by_lookups += job.install_wanted(self.sess, wait_ms=WANTED_WAIT_MS)
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
+
+    def _job(self) -> Any:
+        """The background rebuild under way, if any."""
+        job = self.rig.plan.job
+        return job if job is not None and not job.finished else None
+
+    def _install_slice(self) -> None:
+        job = self._job()
+        if job.install_next_slice(self.sess):
+            self.stats.slices_installed += 1
+            return
+        self.rig.plan.finish_job(self.sess)
+        self._check("end of a background rebuild")
+
+    def _complete_job(self) -> None:
+        while self._job() is not None:
+            self._install_slice()
 
     def _kill_worker(self) -> None:
         i = int(self.rng.integers(len(self.workers)))
@@ -376,6 +448,7 @@ class Sequence:
 
     def _full_settle(self, where: str) -> None:
         self.rig.plan.prepare(self.sess, restore=None)  # nothing lost: a chief (re)start settles everything
+        self._complete_job()  # a rebuild the restart resumed ends here, so that parity can be checked
         self.stats.chief_restarts += where == "chief restart"
         self._check(where)
         self._check_parity(where)  # every step with a log entry was just settled
@@ -407,14 +480,19 @@ class Sequence:
                 self.stats.second_failures += 1
             try:
                 self.rig.plan.prepare(sess, restore=None)
+                if isinstance(sess, _CrashingSession):
+                    sess.disarm()
                 break
             except InjectedCrash:
                 continue
             except RecoveryError:
                 self.stats.unrecoverable += 1  # more lost than the code covers: refused loudly
                 return False
-        self._check("recovery")
-        self._check_parity("recovery")
+        self._check("recovery", t0=True)
+        if self._job() is not None:
+            self.stats.background_rebuilds += 1  # parity is checked at the next full settlement
+        else:
+            self._check_parity("recovery")
         return True
 
     def _bump_generation(self) -> None:
@@ -430,9 +508,54 @@ class Sequence:
 
     # ---- checks ---------------------------------------------------------------------------
 
-    def _check(self, where: str) -> None:
+    def _check(self, where: str, t0: bool = False) -> None:
         values = self.rig.read_words(self.sess)
-        self.stats.violations.extend(f"seed {self.seed}: {p}" for p in self.oracle.check(values, self.ok, where))
+        job = self._job()
+        pending = {}
+        if job is not None:
+            # A row still pending on a PS being rebuilt reads as zeros (every word: no real row of
+            # these models is all zero bits).  At T0 (`t0`) the value each will be given is known:
+            # the code's decoding of the survivors, computed here with the NumPy codec; it must be a
+            # state of the row's history (the check truncates the history there, as after a rebuild
+            # that is not in the background).  Until it is installed it cannot be updated (its
+            # history stays at that state) and it is not read; once installed it is checked again.
+            tables = {v.op.name for v in self.rig.coll.data.values()}
+            lost = {tid for tid, t in self.rig.data_targets.items()
+                    if t.variables[0].op.name in tables and device_task(t.variables[0].device) in job.lost}
+            pending = {tid: ~values[tid].any(axis=1) for tid in lost}
+            if t0:
+                decoded = self._decoded(values, set(job.lost))
+                for tid in lost:
+                    values[tid] = np.where(pending[tid][:, None], decoded[tid], values[tid])
+                pending = {}
+        problems = self.oracle.check(values, self.ok, where, pending=pending)
+        self.stats.violations.extend(f"seed {self.seed}: {p}" for p in problems)
+
+    def _decoded(self, values: dict[int, np.ndarray], lost: set[int]) -> dict[int, np.ndarray]:
+        """The words of every data row of the PS in `lost`, decoded from the survivors' words now."""
+        rig = self.rig
+        layout = rig.coll.table_layout
+        code = codec.Code(rig.k, rig.r)
+        tid_of = {device_task(t.variables[0].device): tid for tid, t in rig.data_targets.items()
+                  if t.variables[0].op.name in {v.op.name for v in rig.coll.data.values()}}
+        parity = {p: np.ascontiguousarray(v).view(np.int32).reshape(v.shape[0], -1)
+                  for p, v in self.sess.run(dict(rig.opt.parity[rig.coll.name])).items()}
+        out = {tid_of[p]: values[tid_of[p]].copy() for p in lost if p in tid_of}
+        c = layout.chunk_rows
+        for stripe in layout.stripes:
+            want = [ch for ch in stripe.chunks if ch.ps in lost and ch.is_data]
+            if not want:
+                continue
+            present = {}
+            for ch in stripe.chunks:
+                if ch.ps not in lost:
+                    first = layout.local_rows(ch)[0]
+                    present[ch.index_in_stripe] = (values[tid_of[ch.ps]] if ch.is_data else parity[ch.ps])[first : first + c]
+            got = codec.decode(code, present, [ch.index_in_stripe for ch in want])
+            for ch in want:
+                first = layout.local_rows(ch)[0]
+                out[tid_of[ch.ps]][first : first + c] = got[ch.index_in_stripe]
+        return out
 
     def _check_parity(self, where: str) -> None:
         values = self.sess.run(self.rig.variables)
@@ -472,8 +595,11 @@ class Sequence:
         return sid in self.ok
 
 
-def run_sequences(target: str, seeds: list[int], **kwargs: Any) -> Stats:
+def run_sequences(target: str, seeds: list[int], until_violation: bool = False, **kwargs: Any) -> Stats:
+    """Runs a sequence per seed; with `until_violation`, stops after the first that found one (mutation tests)."""
     total = Stats()
     for seed in seeds:
         total.add(Sequence(target, seed, **kwargs).run())
+        if until_violation and total.violations:
+            break
     return total

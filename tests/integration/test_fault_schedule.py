@@ -7,6 +7,10 @@ generation changes) between any two ops; after every settlement and recovery
 it checks invariants (i)-(iii) and (vi) of docs/settlement.md.  A fixed list
 of seeds runs here; `benchmarks/settlement_soak.py` runs many more.
 
+With ``background=True`` the lost rows are rebuilt while the workers go on
+(docs/rebuild.md), the harness interleaving the rebuild's slices and the rows
+lookups ask for with the workers' ops and the failures.
+
 The mutation tests at the end run the same harness against deliberately
 broken protocols and require it to find violations: the oracle is not
 vacuous.
@@ -23,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness import fault_schedule  # noqa: E402
 from integration.tf_cluster import tf_cluster  # noqa: E402
-from tf_ecrec import steplog  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tf_ecrec import rebuild, steplog  # noqa: E402
 
 cluster = tf_cluster(num_ps=4)
 
@@ -44,6 +50,17 @@ def test_generated_sequences_with_sgd_and_adam(cluster):
         stats = fault_schedule.run_sequences(cluster.target("chief"), [7, 8], k=2, r=2, num_ps=4, optimizer=optimizer)
         assert stats.violations == [], optimizer
         assert stats.steps_ok >= 5
+
+
+@pytest.mark.parametrize("k,r,num_ps", [(2, 1, 3), (2, 2, 4)])
+def test_generated_sequences_with_the_rebuild_in_the_background_keep_every_invariant(cluster, k, r, num_ps):
+    stats = fault_schedule.run_sequences(cluster.target("chief"), [300 * r, 300 * r + 1, 300 * r + 2], k=k, r=r,
+                                         num_ps=num_ps, background=True)
+    assert stats.violations == []
+    # Rebuilds ran in the background, steps of the workers completed while they did (lookups asked
+    # for pending rows), and failures landed in the middle of them.
+    assert stats.background_rebuilds >= 2 and stats.slices_installed >= 5
+    assert stats.rows_asked_by_lookups > 0 and stats.steps_ok >= 20 and stats.parity_checks >= 6
 
 
 class _NoRollback(steplog.Reconciler):
@@ -73,6 +90,27 @@ class _UndoUncountedFoldsOfLostSources(steplog.Reconciler):
 @pytest.mark.parametrize("broken", [_NoRollback, _UndoUncountedFoldsOfLostSources])
 def test_the_oracle_catches_a_broken_protocol(cluster, broken):
     stats = fault_schedule.run_sequences(
-        cluster.target("chief"), list(range(200, 204)), k=2, r=2, num_ps=4, reconciler_cls=broken
+        cluster.target("chief"), list(range(200, 204)), k=2, r=2, num_ps=4, reconciler_cls=broken, until_violation=True
     )
     assert stats.violations, "the harness found nothing wrong with a protocol that corrupts"
+
+
+class _DecodeFromCurrentWords(rebuild._CollectionRebuild):
+    """A rebuild that ignores the survivors' preservation: it decodes from their words as they are now, which
+    includes the updates of steps whose folds have not reached parity yet."""
+
+    @staticmethod
+    def _t0_words(variables, log, rows, name):
+        parts = [tf.reshape(tf.bitcast(tf.gather(v, rows), tf.int32), [tf.size(rows), -1]) for v in variables]
+        return tf.concat(parts, axis=1, name=name)
+
+
+class _NoPreserveRebuilder(rebuild.Rebuilder):
+    collection_rebuild = _DecodeFromCurrentWords
+
+
+def test_the_oracle_catches_a_background_rebuild_that_decodes_from_current_words(cluster):
+    stats = fault_schedule.run_sequences(cluster.target("chief"), [400, 401, 402, 403], k=2, r=1, num_ps=3,
+                                         background=True, rebuilder_cls=_NoPreserveRebuilder, until_violation=True)
+    assert stats.background_rebuilds >= 1
+    assert stats.violations, "the harness found nothing wrong with a rebuild that decodes from moving words"
