@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, failpoints, steplog
+from tf_ecrec import codec, failpoints, placement, steplog
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.device import on_ps, ps_device
@@ -138,6 +138,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self._ec = ec
         self._slot_vars: dict[str, list[tf.Variable]] = {}
         self.parity: dict[str, dict[int, tf.Variable]] = {}  # collection -> PS -> parity variable
+        self._route_cache: dict[tuple[str, int], list[_Route]] = {}  # (collection, data PS) -> where its deltas fold
         self.replicas: dict[str, list[tf.Variable]] = {}  # variable name -> replicas
         self.protected: dict[str, tf.Variable] = {}  # variable name -> variable (dense + global step)
         self.targets: dict[int, steplog.Target] = {}  # logged variable groups by id (tf_ecrec.steplog)
@@ -169,7 +170,6 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     "name": name,
                     "dim": coll.dim,
                     "layout": coll.layout.to_json(),
-                    "chunk_local": coll.chunk_local.tolist(),
                     "data": {str(p): v.op.name for p, v in coll.data.items()},
                     "slots": {str(p): [s.op.name for s in self._slot_vars[v.op.name]] for p, v in coll.data.items()},
                     "parity": {str(q): v.op.name for q, v in parity.items()},
@@ -285,7 +285,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         _, coll, p = plan
         c = coll.chunk_rows
         lc = rows // c
-        for route in _routes(coll, p):
+        for route in self._routes_of(coll, p):
             sel = np.isin(lc, route.local_chunks)
             if sel.any():
                 prow = route.parity_base[lc[sel]] + rows[sel] % c
@@ -350,6 +350,12 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         """The optimizer slots of a variable this optimizer updated."""
         return self._slot_vars.get(var.op.name, [])
 
+    def _routes_of(self, coll: EmbeddingCollection, p: int) -> list[_Route]:
+        key = (coll.name, p)
+        if key not in self._route_cache:
+            self._route_cache[key] = _routes(coll, codec.Code(coll.ec.k, coll.ec.r), p)
+        return self._route_cache[key]
+
     def _parity_for(self, coll: EmbeddingCollection) -> dict[int, tf.Variable]:
         if coll.name in self.parity:
             return self.parity[coll.name]
@@ -371,8 +377,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     stripe = coll.table_layout.stripes[pc.stripe]
                     acc = None
                     for dc in stripe.data:
-                        lc = int(coll.chunk_local[dc.chunk])
-                        rows = bits[dc.ps][lc * c : (lc + 1) * c]
+                        lo, hi = coll.table_layout.local_rows(dc)
+                        rows = bits[dc.ps][lo:hi]
                         term = _gf_mul_words(code.coef(pc.position, dc.position), rows)
                         acc = term if acc is None else tf.bitwise.bitwise_xor(acc, term)
                     parts.append(acc)
@@ -402,7 +408,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             updates = []
             with tf.device(var.device):
                 lc = indices // coll.chunk_rows
-                for route in _routes(coll, p):
+                for route in self._routes_of(coll, p):
                     sel = tf.reduce_any(tf.equal(lc[:, None], tf.constant(route.local_chunks)[None, :]), axis=1)
                     sel_idx = tf.boolean_mask(indices, sel)
                     prow = (
@@ -592,21 +598,18 @@ class _Route:
     parity_base: np.ndarray  # per local chunk of the PS: first parity row of its stripe's parity on `ps` (-1: elsewhere)
 
 
-def _routes(coll: EmbeddingCollection, p: int) -> list[_Route]:
-    code = codec.Code(coll.ec.k, coll.ec.r)
-    local = coll.data_chunks_on[p]
+def _routes(coll: EmbeddingCollection, code: codec.Code, p: int) -> list[_Route]:
+    """The data of PS `p` grouped by where it folds (the layout says where; the code with what coefficient)."""
+    layout = coll.table_layout
     groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-    for lc, dc in enumerate(local):
-        stripe = coll.table_layout.stripes[dc.stripe]
-        for pc in stripe.parity:
-            lpi = coll.parity_chunks_on[pc.ps].index(pc)
-            key = (pc.position, pc.ps, code.coef(pc.position, dc.position))
-            groups.setdefault(key, []).append((lc, lpi))
+    for lc, dc, pc in layout.folds_from(p):
+        key = (pc.position, pc.ps, code.coef(pc.position, dc.position))
+        groups.setdefault(key, []).append((lc, layout.local_rows(pc)[0]))
     routes = []
     for (_, q, coef), members in sorted(groups.items()):
-        base = np.full(len(local), -1, dtype=np.int64)
-        for lc, lpi in members:
-            base[lc] = lpi * coll.chunk_rows
+        base = np.full(len(layout.chunks_on(p, placement.DATA)), -1, dtype=np.int64)
+        for lc, first in members:
+            base[lc] = first
         routes.append(_Route(q, coef, np.array([lc for lc, _ in members], dtype=np.int64), base))
     return routes
 

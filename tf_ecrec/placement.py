@@ -324,6 +324,16 @@ class TableLayout:
         start = self.local_index(chunk) * self.chunk_rows
         return start, start + self.chunk_rows
 
+    def folds_from(self, ps: int) -> tuple[tuple[int, ChunkSpec, ChunkSpec], ...]:
+        """Where updates of the data ``ps`` holds fold: ``(local data chunk, data chunk, parity chunk)``
+        for every parity chunk protecting each of its data chunks, in local order."""
+        return tuple((i, dc, pc) for i, dc in enumerate(self.chunks_on(ps, DATA)) for pc in self.stripes[dc.stripe].parity)
+
+    def unrecoverable_stripes(self, failed_ps: Iterable[int], r: int) -> tuple[StripeSpec, ...]:
+        """Stripes of this table that lose more than ``r`` chunks if the PS in ``failed_ps`` die."""
+        failed = set(failed_ps)
+        return tuple(s for s in self.stripes if sum(p in failed for p in s.ps) > r)
+
     def locate(self, row: int) -> RowLocation:
         """Return where table row ``row`` lives.
 
@@ -465,10 +475,8 @@ class Layout:
 
         Empty whenever at most ``r`` PS fail.
         """
-        failed = set(failed_ps)
-        return tuple(
-            s for t in self.tables for s in t.stripes if sum(p in failed for p in s.ps) > self.r
-        )
+        failed = tuple(failed_ps)
+        return tuple(s for t in self.tables for s in t.unrecoverable_stripes(failed, self.r))
 
     def summary(self, itemsize: int = 4) -> LayoutSummary:
         """Return the memory accounting for values of ``itemsize`` bytes.

@@ -447,10 +447,9 @@ class RecoveryPlan:
             return f"these lost variables have no parity or replica: {unprotected[:5]}"
         lost_set = set(lost)
         for coll in self._colls:
-            for stripe in coll.table_layout.stripes:
-                gone = [c for c in stripe.chunks if c.ps in lost_set]
-                if len(gone) > coll.ec.r:
-                    return f"stripe {stripe.index} of {coll.name!r} lost {len(gone)} chunks and the code {coll.ec} rebuilds {coll.ec.r}"
+            for stripe in coll.table_layout.unrecoverable_stripes(lost_set, coll.ec.r):
+                gone = sum(p in lost_set for p in stripe.ps)
+                return f"stripe {stripe.index} of {coll.name!r} lost {gone} chunks and the code {coll.ec} rebuilds {coll.ec.r}"
         for name, reps in self._opt.replicas.items():
             copies = [self._opt.protected[name]] + reps
             if all(device_task(c.device) in lost_set for c in copies):

@@ -41,25 +41,15 @@ def check_parity(ec_meta: Mapping[str, Any], values: Mapping[str, np.ndarray]) -
     for coll in ec_meta.get("collections", []):
         layout = placement.Layout.from_json(coll["layout"]).table(coll["name"])
         c = layout.chunk_rows
-        local = coll["chunk_local"]
         bits = {}
         for p, name in coll["data"].items():
             parts = [values[name]] + [values[s] for s in coll["slots"][p]]
             bits[int(p)] = np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32)
-        parity_rows: dict[int, int] = {}
-        for q in coll["parity"]:
-            parity_rows[int(q)] = 0
-        parity_index = {}
         for stripe in layout.stripes:
-            for pc in stripe.parity:
-                parity_index[(pc.stripe, pc.position)] = parity_rows[pc.ps]
-                parity_rows[pc.ps] += 1
-        for stripe in layout.stripes:
-            data = [bits[dc.ps][local[dc.chunk] * c : (local[dc.chunk] + 1) * c] for dc in stripe.data]
+            data = [bits[dc.ps][slice(*layout.local_rows(dc))] for dc in stripe.data]
             expected = codec.encode(code, data)
             for pc in stripe.parity:
-                lpi = parity_index[(pc.stripe, pc.position)]
-                actual = values[coll["parity"][str(pc.ps)]][lpi * c : (lpi + 1) * c]
+                actual = values[coll["parity"][str(pc.ps)]][slice(*layout.local_rows(pc))]
                 bad = np.any(actual != expected[pc.position], axis=1)
                 if bad.any():
                     mismatches += int(bad.sum())
