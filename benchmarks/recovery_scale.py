@@ -11,7 +11,8 @@ column counts values and Adagrad slots of all 26 tables (parity excluded).
 
 Columns (from each run's report, `tf_ecrec.launcher.report`): seconds from the
 kill to the first step after it and to the pre-failure step, steps rolled
-back, samples/s in the recovery window as a fraction of steady state, the
+back, samples/s in the recovery window (from the kill to the last rebuilt row, or
+to the first step after a restore) as a fraction of steady state, the
 rebuild's GB/s, the chief's resident memory before the kill and its peak in
 the window, and the PS' peak.  Writes ``recovery_scale.json`` and
 ``recovery_scale.png`` (seconds to resume against size, one line per
@@ -67,8 +68,12 @@ def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
         "seconds_to_resume": rec["seconds_to_resume"],
         "seconds_to_regain": rec["seconds_to_regain"],
         "method": rec["method"],
-        "throughput_in_window": rec.get("throughput_in_window"),
+        "samples_per_sec_in_window": rec.get("samples_per_sec_in_window"),
+        "throughput_in_window": (round(rec["samples_per_sec_in_window"] / report["samples_per_sec"], 2)
+                                 if rec.get("samples_per_sec_in_window") is not None and report.get("samples_per_sec")
+                                 else None),
         "window_seconds": rec.get("window_seconds"),
+        "rebuilt_in_background": rec.get("rebuilt_in_background"),
         "bytes_rebuilt": rec["bytes_rebuilt"],
         "rebuild_seconds": rec["rebuild_seconds"],
         "rebuild_gb_per_sec": rec.get("rebuild_gb_per_sec"),
@@ -129,14 +134,14 @@ def main() -> int:
                 json.dump(rows, fh, indent=1)
     plot(rows, os.path.join(args.out, "recovery_scale.png"))
     print(f"\nps:1 killed at step {args.kill_step}; {args.ps} PS, {args.workers} workers, {args.steps} steps\n")
-    print("| config | GB | s to first step | s to regain | steps rolled back | throughput in window | "
+    print("| config | GB | s to first step | s to regain | steps rolled back | window s | throughput in window | "
           "rebuild GB/s | chief MB before / in window | PS peak MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ps_peak = max(r["ps_peak_mb"].values(), default=0)
         print(
             f"| {r['config']} | {r['table_gb']:.2f} | {r['seconds_to_resume']} | {r['seconds_to_regain']} | "
-            f"{r['steps_rolled_back']} | {r['throughput_in_window']} | {r['rebuild_gb_per_sec'] or '-'} | "
+            f"{r['steps_rolled_back']} | {r['window_seconds']} | {r['throughput_in_window']} | {r['rebuild_gb_per_sec'] or '-'} | "
             f"{r['chief_mb_before']} / {r['chief_mb_in_window']} | {ps_peak:,.0f} |"
         )
     return 0

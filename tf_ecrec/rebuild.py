@@ -113,7 +113,6 @@ class _CollectionRebuild:
             # Background rebuild (BackgroundRebuild): per chunk, an install of a slice and one of the wanted rows.
             self.bg_lo = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="bg_lo")
             self.installs: dict[tuple[int, int], tuple[tf.Tensor, tf.Tensor]] = {}  # (stripe, i) -> (slice, wanted)
-            self.asked: dict[tuple[int, int], tf.Tensor] = {}  # (stripe, i) -> the wanted install's offsets
             self._wait = wait or {}
             for stripe in self.layout.stripes:
                 s = stripe.index
@@ -169,10 +168,7 @@ class _CollectionRebuild:
                     else:
                         deps = [self._wait[ch.ps]] if ch.ps in self._wait else []
                         with tf.control_dependencies(deps):
-                            asked = ec_ops.wanted_rows(log_i, variables[0], first, first + self.rows) - first
-                        # Feedable: the fault-schedule harness installs a step's rows as its lookup would ask.
-                        off = tf.compat.v1.placeholder_with_default(asked, [None], name=f"bg_rows_s{s}_c{i}")
-                        self.asked[(s, i)] = off
+                            off = ec_ops.wanted_rows(log_i, variables[0], first, first + self.rows) - first
                 parts = []
                 for other in stripe.chunks:
                     j = other.index_in_stripe
