@@ -8,8 +8,9 @@ restart at the same address leaves) and times the chief's recovery:
 
 - ``sync``: `RecoveryPlan(background=False)`: settle, decode and write every
   lost row before returning (what trainers would wait for);
-- ``background``: T0 (`begin_background`), then the chief's two loops
-  installing every row with no lookup asking (trainers would run meanwhile).
+- ``background xN``: T0 (`begin_background`), then the chief's loops
+  installing every row with no lookup asking (trainers would run meanwhile),
+  N slices in flight (``--walkers``).
 
 Both figures are bytes of the rebuilt PS's rows (values, slots, parity) per
 second from the start of the recovery to its last write.  ``--trace`` also
@@ -47,6 +48,8 @@ def free_ports(n: int) -> list[int]:
 def start_ps(spec: dict, index: int) -> subprocess.Popen:
     code = (
         "import json, sys, tensorflow as tf\n"
+        "from tf_ecrec.ops import load_library\n"
+        "load_library()\n"
         f"spec = json.loads({json.dumps(json.dumps(spec))})\n"
         f"tf.distribute.Server(spec, job_name='ps', task_index={index}, start=True).join()\n"
     )
@@ -76,10 +79,11 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
         destroy = [tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in lost_vars]
         with tf.device(opt.logs[1].device):
             destroy.append(tf.raw_ops.DestroyResourceOp(resource=opt.logs[1], ignore_lookup_error=True))
+        destroy_op = tf.group(*destroy)
         lost_bytes = sum(v.shape.num_elements() * v.dtype.size for v in lost_vars
                          if v.shape.rank == 2 and v.shape[0] > 1000)  # table rows: data, slots, parity
     graph.finalize()
-    return graph, plan, init, tf.group(*destroy), lost_bytes
+    return graph, plan, init, destroy_op, lost_bytes
 
 
 def profile(sess, plan, lost: list[int]) -> list[tuple[str, float, int]]:
@@ -106,6 +110,7 @@ def main() -> int:
     parser.add_argument("--ps", type=int, default=3)
     parser.add_argument("--ec", default="2+1")
     parser.add_argument("--slice-mb", default="8,32", help="slice sizes to compare, MB, comma-separated")
+    parser.add_argument("--walkers", default="1,2", help="background walking threads to compare, comma-separated")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--out", default="/tmp/tf_ecrec_rebuild_speed.json")
@@ -114,17 +119,18 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from tf_ecrec.failover import fast_reconnect
-
-    fast_reconnect()
     ports = free_ports(args.ps + 1)
     spec = {"ps": [f"127.0.0.1:{p}" for p in ports[: args.ps]], "chief": [f"127.0.0.1:{ports[-1]}"]}
     procs = [start_ps(spec, i) for i in range(args.ps)]
     chief = tf.distribute.Server(spec, job_name="chief", task_index=0, start=True)
     results = []
     try:
+        from tf_ecrec import rebuild
+
+        modes = [("sync", 1)] + [("background", int(w)) for w in args.walkers.split(",")]
         for slice_mb in (int(x) for x in args.slice_mb.split(",")):
-            for mode in ("sync", "background"):
+            for mode, walkers in modes:
+                rebuild.WALKERS = walkers
                 graph, plan, init, destroy, lost_bytes = build(args.rows, args.ps, k, r, slice_mb << 20,
                                                                background=mode == "background")
                 with tf.compat.v1.Session(chief.target, graph=graph) as sess:
@@ -142,13 +148,13 @@ def main() -> int:
                         else:
                             rows_installed = None
                         seconds = time.time() - started
-                        row = {"slice_mb": slice_mb, "mode": mode, "rows_per_table": args.rows, "ps": args.ps,
+                        row = {"slice_mb": slice_mb, "mode": mode if mode == "sync" else f"background x{walkers}", "rows_per_table": args.rows, "ps": args.ps,
                                "ec": args.ec, "lost_bytes": lost_bytes, "method": result.method,
                                "seconds_to_resume": round(resumed, 3), "seconds": round(seconds, 3),
                                "gb_per_sec": round(lost_bytes / seconds / 1e9, 3), "rows_installed": rows_installed}
                         results.append(row)
                         print(json.dumps(row), file=sys.stderr)
-                    if args.trace and mode == "background":
+                    if args.trace and mode == "background" and walkers == 1:
                         sess.run(destroy)
                         plan.prepare(sess, restore=None)
                         plan.stop_background()

@@ -300,7 +300,7 @@ class FailoverLoop:
         session_timeout_secs: float = 30.0,
         wait_secs: float = 120.0,
         max_failovers: int = 10,
-        poll_secs: float = 0.5,
+        poll_secs: float = 0.2,
         on_transition: Callable[[State, str], None] | None = None,
     ) -> None:
         if cluster.task_type not in ("chief", "worker", "master"):

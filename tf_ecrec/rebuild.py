@@ -50,7 +50,8 @@ from tf_ecrec.optimizer import ECOptimizer
 
 _LOG = logging.getLogger(__name__)
 
-DEFAULT_SLICE_BYTES = 8 << 20
+DEFAULT_SLICE_BYTES = 16 << 20
+WALKERS = 2  # slices of a background rebuild in flight together (benchmarks/rebuild_speed.py compares)
 """Bytes of one chunk's slice read per session call: the bound on what a rebuild holds in flight per chunk."""
 WANTED_WAIT_MS = 200
 """How long one round of the background rebuild's wanted-rows loop waits for a lookup to ask."""
@@ -557,8 +558,11 @@ class BackgroundRebuild:
 
     # ---- threads ---------------------------------------------------------------------------
 
-    def start(self, sess: tf.compat.v1.Session, on_done: Any = None) -> None:
-        """Runs the two loops on threads; `on_done(self)` after `finish`, from the walking thread."""
+    def start(self, sess: tf.compat.v1.Session, on_done: Any = None, walkers: int | None = None) -> None:
+        """Runs the loops on threads: the wanted rows', and `walkers` (default `WALKERS`) walking the slices
+        (slices in flight together overlap one's transfer with another's decoding); `on_done(self)` after
+        `finish`, from the last walking thread."""
+        walkers = WALKERS if walkers is None else int(walkers)
 
         def wanted() -> None:
             while not self._stop.is_set() and not self.walked:
@@ -568,11 +572,16 @@ class BackgroundRebuild:
                     self._failed(exc)
                     return
 
+        walking = [walkers]
+
         def walk() -> None:
             try:
                 while not self._stop.is_set() and self.install_next_slice(sess):
                     pass
-                if self._stop.is_set():
+                with self._lock:
+                    walking[0] -= 1
+                    last = walking[0] == 0
+                if self._stop.is_set() or not last:
                     return
                 self.finish(sess)
             except (tf.errors.OpError, RuntimeError) as exc:
@@ -585,9 +594,8 @@ class BackgroundRebuild:
             if on_done is not None:
                 on_done(self)
 
-        self._threads = [
-            threading.Thread(target=wanted, name="ec-rebuild-wanted", daemon=True),
-            threading.Thread(target=walk, name="ec-rebuild-walk", daemon=True),
+        self._threads = [threading.Thread(target=wanted, name="ec-rebuild-wanted", daemon=True)] + [
+            threading.Thread(target=walk, name=f"ec-rebuild-walk-{i}", daemon=True) for i in range(walkers)
         ]
         for t in self._threads:
             t.start()
