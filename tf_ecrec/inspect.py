@@ -65,6 +65,9 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
+READ_BYTES = 256 << 20  # bytes per read of `read_variables`
+
+
 def read_variables(
     records: Sequence[Mapping[str, Any]],
     ps_addresses: Sequence[str],
@@ -79,7 +82,10 @@ def read_variables(
     import tensorflow as tf
 
     graph = tf.Graph()
-    reads = {}
+    # Each variable is read in row slices of at most READ_BYTES: a response over gRPC's 2 GB message
+    # limit cannot be serialized, and tables of a few GB hold variables that large.
+    parts: dict[str, list[Any]] = {}
+    part_bytes: dict[Any, int] = {}
     with graph.as_default():
         for r in records:
             if not r["device"].startswith("/job:ps"):
@@ -87,7 +93,17 @@ def read_variables(
             with tf.device(r["device"]):
                 dtype = tf.as_dtype(r["dtype"])
                 handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=r["shape"], shared_name=r["name"], container="")
-                reads[r["name"]] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                shape = [int(d) for d in r["shape"]]
+                row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.size if shape else dtype.size
+                if not shape or shape[0] * row_bytes <= READ_BYTES:
+                    parts[r["name"]] = [value]
+                    part_bytes[value] = max(1, shape[0] if shape else 1) * row_bytes
+                    continue
+                step = max(1, READ_BYTES // max(1, row_bytes))
+                parts[r["name"]] = [value[lo : min(lo + step, shape[0])] for lo in range(0, shape[0], step)]
+                for part in parts[r["name"]]:
+                    part_bytes[part] = step * row_bytes
     # The reader's own server, and the PS addresses carried by the session (ClusterSpec
     # propagation, state shared with the trainers): the PS tasks' own cluster specs may name a
     # PS at an address it has left (--restart-at new-port).
@@ -97,15 +113,25 @@ def read_variables(
     server = own_server(address)
     config = propagated_config({"ps": list(ps_addresses), "reader": [address]}, timeout_secs)
     target = server.target
+    got: dict[Any, np.ndarray] = {}
+    batches: list[list[Any]] = [[]]
+    size = 0
+    for fetch in (f for fs in parts.values() for f in fs):
+        if batches[-1] and size + part_bytes[fetch] > READ_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(fetch)
+        size += part_bytes[fetch]
     try:
         with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
-            values = sess.run(reads)
+            for batch in batches:
+                got.update(zip(batch, sess.run(batch)))
     except tf.errors.OpError as exc:
         raise RecoveryError(
             f"cannot read {len(records)} variables from PS {list(ps_addresses)} ({exc.message.splitlines()[0]}); "
             "is every PS up and initialised?"
         ) from exc
-    return values
+    return {name: got[fs[0]] if len(fs) == 1 else np.concatenate([got[f] for f in fs]) for name, fs in parts.items()}
 
 
 def variables_digest(values: Mapping[str, np.ndarray]) -> str:

@@ -376,6 +376,36 @@ def _counter_graph(log_name: str):
     return counter, other, log, sid, value, add, add_other
 
 
+def test_a_cancelled_step_stops_waiting_for_its_in_order_commit() -> None:
+    """Round 1 of step 2 waits behind step 1's uncommitted update of the same variable; the step's deadline
+    cancels it at once (not at the commit's own 60 s timeout), and the wait is withdrawn: once step 1
+    commits, step 2 commits."""
+    import time
+
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.Variable(np.zeros([ROWS, DIM], F32))
+        log = ec_ops.delta_log(_log_name())
+        sid = V1.placeholder(tf.int64, [])
+        apply = ec_ops.sparse_apply_sgd_with_delta(var, tf.ones([1, DIM]), tf.constant([0], tf.int64), 0.1,
+                                                   log=log, sid=sid, target=0)
+        sids = V1.placeholder(tf.int64, None)
+        in_order = ec_ops.delta_log_commit_in_order(log, sids, timeout_ms=60_000)
+        read = ec_ops.delta_log_read(log)
+        init = V1.global_variables_initializer()
+    with _session(graph) as sess:
+        sess.run(init)
+        sess.run(apply, {sid: 1})
+        sess.run(apply, {sid: 2})
+        started = time.monotonic()
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            sess.run(in_order, {sids: 2}, options=V1.RunOptions(timeout_in_ms=300))
+        assert time.monotonic() - started < 10.0
+        sess.run(in_order, {sids: 1})
+        sess.run(in_order, {sids: 2})  # would wait behind nothing now
+        assert _read(sess, read).entries == []  # round 1 dropped both steps' apply entries
+
+
 def test_commit_drops_the_entries_and_remembers_the_sid() -> None:
     graph = tf.Graph()
     with graph.as_default():

@@ -282,9 +282,9 @@ void DeltaLog::Finish(
   done->clear();
 }
 
-void DeltaLog::CommitInOrder(std::vector<int64_t> sids, bool bypass,
-                             int64_t timeout_ms,
-                             std::function<void(const Status&)> done) {
+int64_t DeltaLog::CommitInOrder(std::vector<int64_t> sids, bool bypass,
+                                int64_t timeout_ms,
+                                std::function<void(const Status&)> done) {
   std::vector<std::pair<std::function<void(const Status&)>, Status>> finished;
   int64_t id = -1;
   {
@@ -310,27 +310,39 @@ void DeltaLog::CommitInOrder(std::vector<int64_t> sids, bool bypass,
       waiters_.push_back(std::move(w));
     }
   }
+  if (id >= 0) {
+    Ref();  // released by the timeout
+    Env::Default()->SchedClosureAfter(timeout_ms * 1000, [this, id]() {
+      TimeOut(id);
+      Unref();
+    });
+  }
   Finish(&finished);
-  if (id < 0) return;
-  Ref();  // released by the timeout
-  Env::Default()->SchedClosureAfter(timeout_ms * 1000, [this, id]() {
-    TimeOut(id);
-    Unref();
-  });
+  return id;
 }
 
 void DeltaLog::TimeOut(int64_t waiter_id) {
+  int64_t sid = 0;
+  {
+    mutex_lock lock(mu_);
+    for (const Waiter& w : waiters_) {
+      if (w.id == waiter_id) sid = w.sids.empty() ? 0 : w.sids[0];
+    }
+  }
+  Withdraw(waiter_id,
+           errors::Aborted("step ", sid,
+                           " waited too long for an earlier step's update of "
+                           "the same variable to commit (a dead task's step "
+                           "not yet settled by the chief)"));
+}
+
+void DeltaLog::Withdraw(int64_t id, const Status& status) {
   std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
   {
     mutex_lock lock(mu_);
     for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
-      if (it->id != waiter_id) continue;
-      done.emplace_back(
-          std::move(it->done),
-          errors::Aborted("step ", it->sids.empty() ? 0 : it->sids[0],
-                          " waited too long for an earlier step's update of "
-                          "the same variable to commit (a dead task's step "
-                          "not yet settled by the chief)"));
+      if (it->id != id) continue;
+      done.emplace_back(std::move(it->done), status);
       waiters_.erase(it);
       break;
     }

@@ -164,9 +164,14 @@ class DeltaLog : public ResourceBase {
   // precedes a kApply entry of `sids` on the same target, drops the kApply
   // entries of `sids` and remembers them as data-committed, then calls
   // `done` (outside the log's mutex). Fails with Aborted if, meanwhile, a
-  // sid is fenced (unless `bypass`), or after `timeout_ms`.
-  void CommitInOrder(std::vector<int64_t> sids, bool bypass, int64_t timeout_ms,
-                     std::function<void(const Status&)> done);
+  // sid is fenced (unless `bypass`), or after `timeout_ms`.  Returns the
+  // wait's id for `Withdraw`, or -1 if `done` was called already.
+  int64_t CommitInOrder(std::vector<int64_t> sids, bool bypass,
+                        int64_t timeout_ms,
+                        std::function<void(const Status&)> done);
+
+  // Ends the waiting CommitInOrder `id` with `status` (no-op if it ended).
+  void Withdraw(int64_t id, const Status& status);
 
   // Raises the minimum generation of the sids this log admits.
   void SetGeneration(int64_t generation);

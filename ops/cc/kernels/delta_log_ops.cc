@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cc/kernels/cancellable_wait.h"
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/word_tables.h"
@@ -112,11 +113,20 @@ class DeltaLogCommitInOrderOp : public AsyncOpKernel {
     core::RefCountPtr<DeltaLog> log;
     std::vector<int64_t> sids;
     OP_REQUIRES_OK_ASYNC(ctx, ReadLogAndSids(ctx, "sid", &log, &sids), done);
-    log->CommitInOrder(std::move(sids), bypass_fence_, timeout_ms_,
-                       [ctx, done](const Status& s) {
-                         ctx->SetStatus(s);
-                         done();
-                       });
+    // A step cut while it waits behind an earlier one stops waiting: else the
+    // session's close (and the trainer's recovery) waits for the earlier step,
+    // which may be a dead task's that only that recovery settles.
+    DeltaLog* raw = log.get();
+    const bool bypass = bypass_fence_;
+    const int64_t timeout_ms = timeout_ms_;
+    CancellableWait(
+        ctx, std::move(done), raw,
+        [raw, &sids, bypass, timeout_ms](std::function<void(const Status&)> finish) {
+          return raw->CommitInOrder(std::move(sids), bypass, timeout_ms, std::move(finish));
+        },
+        [raw](int64_t id) {
+          raw->Withdraw(id, errors::Cancelled("the step was cancelled while its commit waited"));
+        });
   }
 
  private:

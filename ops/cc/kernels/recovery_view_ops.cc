@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cc/kernels/cancellable_wait.h"
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/recovery_view.h"
@@ -99,46 +100,13 @@ class AwaitRebuiltRowsOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, VariableKey(ctx, 1, &key), done);
     std::vector<int64_t> rows;
     OP_REQUIRES_OK_ASYNC(ctx, RowsOf(ctx->input(2), "rows", &rows), done);
-    CancellationManager* cm = ctx->cancellation_manager();
-    CancellationToken token = CancellationManager::kInvalidToken;
-    if (cm != nullptr) token = cm->get_cancellation_token();
     DeltaLog* raw = log.get();
-    raw->Ref();  // released when the wait ends
-    auto finish = [ctx, done, cm, token, raw](const Status& s) {
-      if (cm != nullptr && token != CancellationManager::kInvalidToken) {
-        cm->TryDeregisterCallback(token);
-      }
-      ctx->SetStatus(s);
-      done();
-      raw->Unref();
-    };
-    // Register before waiting, so that a cancellation cannot come between.
-    // The callback and this kernel meet only in `state` (shared): once the
-    // wait is registered, the step's context may end at any moment.
-    struct Shared {
-      std::atomic<int64_t> id{-2};
-      std::atomic<bool> cancelled{false};
-    };
-    auto state = std::make_shared<Shared>();
-    bool cancelled = false;
-    if (cm != nullptr) {
-      cancelled = !cm->RegisterCallback(token, [raw, state]() {
-        state->cancelled = true;
-        const int64_t id = state->id.load();
-        if (id >= 0) raw->view().Cancel(id);
-      });
-    }
-    if (cancelled) {
-      ctx->SetStatus(errors::Cancelled("the step was cancelled"));
-      done();
-      raw->Unref();
-      return;
-    }
-    const int64_t id = raw->view().Await(key, std::move(rows), finish);
-    state->id.store(id);
-    // A cancellation that came before the id was stored found nothing to
-    // cancel; Cancel is a no-op for a wait that already ended.
-    if (id >= 0 && state->cancelled.load()) raw->view().Cancel(id);
+    CancellableWait(
+        ctx, std::move(done), raw,
+        [raw, &key, &rows](std::function<void(const Status&)> finish) {
+          return raw->view().Await(key, std::move(rows), std::move(finish));
+        },
+        [raw](int64_t id) { raw->view().Cancel(id); });
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>AwaitRebuiltRows").Device(DEVICE_CPU),
