@@ -77,6 +77,14 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "(trainers follow its address as for --restart-at new-port), and a new spare starts behind it",
     )
     p.add_argument(
+        "--rebuild-slice-mb",
+        type=float,
+        default=16.0,
+        metavar="MB",
+        help="megabytes of a lost chunk a rebuild moves per session call; bounds the rebuild's buffers on every "
+        "PS (smaller slices interleave more finely with training)",
+    )
+    p.add_argument(
         "--session-timeout",
         type=float,
         default=10.0,
@@ -149,6 +157,7 @@ def _run(args: argparse.Namespace) -> int:
         restart_delay=args.restart_delay,
         restart_at=args.restart_at,
         spare_ps=args.spare_ps,
+        rebuild_slice_mb=args.rebuild_slice_mb,
         session_timeout=args.session_timeout,
         base_port=args.base_port,
         master=args.master,

@@ -28,19 +28,23 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import EC_PROTECTION, ECOptimizer
+from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery import Listener, RecoveryPlan, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
 from tf_ecrec.steplog import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 
 
-def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None) -> ModelFn:
+def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
+                rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES) -> ModelFn:
     """Wraps `model_fn` so its tables and optimizer are protected by `ec`.
 
     In training mode the wrapper also owns the EstimatorSpec's Scaffold
     (saver, init op and function, ready ops): that is where a lost PS is
     rebuilt when the chief re-creates its session (`tf_ecrec.recovery`).
-    `recovery_listener` is called with every `RecoveryResult`.
+    `recovery_listener` is called with every `RecoveryResult`;
+    `rebuild_slice_bytes` is the bytes of a lost chunk a rebuild moves per
+    session call (`tf_ecrec.rebuild`).
 
     Raises (when the Estimator calls the model_fn):
       ConfigError: the cluster has fewer than k + r PS tasks, or a protected
@@ -62,7 +66,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
-            plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir)
+            plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir,
+                                slice_bytes=rebuild_slice_bytes)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold),
                 training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],

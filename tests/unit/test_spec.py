@@ -31,6 +31,7 @@ def test_malformed_kill_is_a_config_error(text):
         ({"data": "criteo:"}, r"must be 'synthetic' or 'criteo:PATH"),
         ({"fault_tolerance": "magic"}, r"--fault-tolerance 'magic' is not one of"),
         ({"spare_ps": -1}, r"--spare-ps -1 must be an integer >= 0; source: --spare-ps"),
+        ({"rebuild_slice_mb": 0}, r"--rebuild-slice-mb 0 must be > 0; source: --rebuild-slice-mb"),
     ],
 )
 def test_bad_flag_combinations_are_rejected_before_anything_starts(kwargs, message):

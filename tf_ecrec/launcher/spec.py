@@ -98,6 +98,9 @@ class JobSpec:
       replaces the lost one in the cluster file, as a move does), with no
       wait for a process to start, and a new spare is started behind it.
       Without a spare left, the PS restarts as ``restart_at`` says.
+    - ``rebuild_slice_mb``: rows of a lost chunk moved per session call of
+      a rebuild (`tf_ecrec.rebuild`): it bounds the rebuild's buffers on
+      every PS; smaller slices interleave more finely with training.
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -134,6 +137,7 @@ class JobSpec:
     restart_delay: float = 2.0
     restart_at: str = "same"
     spare_ps: int = 0
+    rebuild_slice_mb: float = 16.0
     session_timeout: float = 10.0
     base_port: int = 0
     master: bool = True
@@ -182,6 +186,7 @@ class JobSpec:
             "--spare-ps",
         )
         _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
+        _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
         _check(
             self.fault_tolerance in FAULT_TOLERANCE,

@@ -169,7 +169,8 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
         recovery = _report_recovery(cluster)
         if link is not None:  # the chief's shard-progress rollback follows the recovery's method
             recovery = link.recovery_listener(recovery)
-        model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery)
+        model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
+                               rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))))
     source = make_source(job, params)
     if link is not None:
         link.register_dataset(source.num_records)
