@@ -33,18 +33,18 @@ enum Direction { kToWords, kFromWords };
 // int32 [count, width] matrix holding the tables' rows side by side.
 void CopyRows(const std::vector<WordTable>& tables, int64_t start,
               int64_t count, int64_t width, char* words, Direction direction) {
+  if (direction == kToWords) {
+    GatherRowWords(tables, count, width,
+                   [start](int64_t i) { return start + i; }, words);
+    return;
+  }
   const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
   int64_t offset = 0;
   for (const WordTable& table : tables) {
     const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
     char* rows = table.base + start * bytes;
     for (int64_t i = 0; i < count; ++i) {
-      char* word_row = words + i * row_bytes + offset;
-      if (direction == kToWords) {
-        std::memcpy(word_row, rows + i * bytes, bytes);
-      } else {
-        std::memcpy(rows + i * bytes, word_row, bytes);
-      }
+      std::memcpy(rows + i * bytes, words + i * row_bytes + offset, bytes);
     }
     offset += bytes;
   }

@@ -289,14 +289,8 @@ class ReadPreservedRowWordsOp : public OpKernel {
     const int64_t n = static_cast<int64_t>(rows.size());
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
     int32_t* dst = out->matrix<int32>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      char* row = reinterpret_cast<char*>(dst + i * width);
-      for (const WordTable& table : tables) {
-        const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
-        std::memcpy(row, table.base + rows[i] * bytes, bytes);
-        row += bytes;
-      }
-    }
+    GatherRowWords(tables, n, width, [&rows](int64_t i) { return rows[i]; },
+                   reinterpret_cast<char*>(dst));
     OP_REQUIRES_OK(ctx, log->view().Substitute(key, rows.data(), n, width, dst));
   }
 

@@ -4,6 +4,8 @@
 #define TF_ECREC_OPS_CC_KERNELS_WORD_TABLE_H_
 
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
@@ -29,6 +31,24 @@ inline WordTable WordsOf(Tensor* t) {
                 static_cast<int64_t>(sizeof(int32_t));
   table.base = const_cast<char*>(t->tensor_data().data());
   return table;
+}
+
+// Copies rows `row(0) .. row(count - 1)` of `tables` into `words`, an int32
+// [count, width] matrix holding the tables' rows side by side (`width` = the
+// tables' words per row summed).
+template <typename RowOf>
+void GatherRowWords(const std::vector<WordTable>& tables, int64_t count,
+                    int64_t width, RowOf row, char* words) {
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
+  int64_t offset = 0;
+  for (const WordTable& table : tables) {
+    const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(words + i * row_bytes + offset, table.base + row(i) * bytes,
+                  bytes);
+    }
+    offset += bytes;
+  }
 }
 
 }  // namespace ec_rec
