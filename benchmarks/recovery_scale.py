@@ -73,6 +73,10 @@ def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
                                  if rec.get("samples_per_sec_in_window") is not None and report.get("samples_per_sec")
                                  else None),
         "window_seconds": rec.get("window_seconds"),
+        "while_rebuilding": rec.get("while_rebuilding"),
+        "throughput_while_rebuilding": (round(rec["while_rebuilding"]["samples_per_sec"] / report["samples_per_sec"], 2)
+                                        if rec.get("while_rebuilding") and report.get("samples_per_sec") else None),
+        "recovery_phases": rec.get("recovery_phases") or {},
         "rebuilt_in_background": rec.get("rebuilt_in_background"),
         "bytes_rebuilt": rec["bytes_rebuilt"],
         "rebuild_seconds": rec["rebuild_seconds"],
@@ -135,15 +139,27 @@ def main() -> int:
     plot(rows, os.path.join(args.out, "recovery_scale.png"))
     print(f"\nps:1 killed at step {args.kill_step}; {args.ps} PS, {args.workers} workers, {args.steps} steps\n")
     print("| config | GB | s to first step | s to regain | steps rolled back | window s | throughput in window | "
-          "rebuild GB/s | chief MB before / in window | PS peak MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "s rebuilding after resuming / throughput then | rebuild GB/s | chief MB before / in window | PS peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ps_peak = max(r["ps_peak_mb"].values(), default=0)
+        wr = r.get("while_rebuilding")
+        after = f"{wr['seconds']} / {r['throughput_while_rebuilding']}" if wr else "-"
         print(
             f"| {r['config']} | {r['table_gb']:.2f} | {r['seconds_to_resume']} | {r['seconds_to_regain']} | "
-            f"{r['steps_rolled_back']} | {r['window_seconds']} | {r['throughput_in_window']} | {r['rebuild_gb_per_sec'] or '-'} | "
-            f"{r['chief_mb_before']} / {r['chief_mb_in_window']} | {ps_peak:,.0f} |"
+            f"{r['steps_rolled_back']} | {r['window_seconds']} | {r['throughput_in_window']} | {after} | "
+            f"{r['rebuild_gb_per_sec'] or '-'} | {r['chief_mb_before']} / {r['chief_mb_in_window']} | {ps_peak:,.0f} |"
         )
+    # Where the chief's part of the time to resume went (RecoveryResult.phases).
+    phased = [r for r in rows if r.get("recovery_phases")]
+    if phased:
+        names = list(dict.fromkeys(n for r in phased for n in r["recovery_phases"]))
+        print("\nchief's recovery until trainers may resume, seconds per phase:\n")
+        print("| config | GB | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for r in phased:
+            cells = " | ".join(f"{r['recovery_phases'].get(n, 0):.2f}" for n in names)
+            print(f"| {r['config']} | {r['table_gb']:.2f} | {cells} |")
     return 0
 
 

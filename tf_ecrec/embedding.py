@@ -243,6 +243,6 @@ def _masked(init: Callable[..., Any], real_rows: Sequence[int], chunk_rows: int,
             values = init(shape, dtype=dtype)
             local = tf.range(shape[0], dtype=tf.int64)
             real = (local % chunk_rows) < tf.gather(tf.constant(real_rows, tf.int64), local // chunk_rows)
-            return tf.where(real[:, None], values, tf.zeros_like(values))
+            return tf.where(real[:, None], values, tf.constant(0, values.dtype))
 
     return initializer

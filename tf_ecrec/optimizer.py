@@ -33,7 +33,10 @@ protect.  The graph's initializer runs every initializer in one
 ``session.run``, where each initial-value tensor is computed once and feeds
 both the variable and its parity: the ordinary initializer leaves them
 consistent (running a parity initializer on its own would not; recovery
-re-encodes parity from the live data instead).
+re-encodes parity from the live data instead).  `tf_ecrec.recovery`'s fresh
+start does not use them: it initialises the protected variables in bounded
+batches and encodes parity and replicas from them PS to PS in slices, so a
+PS never holds its whole share of initial values at once.
 """
 
 from __future__ import annotations

@@ -64,6 +64,8 @@ class RebuildStats:
     variables: int = 0
     bytes: int = 0
     session_calls: int = 0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of each part of a T0 (`Rebuilder.begin_background`), in order."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -343,6 +345,15 @@ class Rebuilder:
             stats.session_calls += 1
         return stats
 
+    def allocate_derived(self, sess: tf.compat.v1.Session, options: Any = None) -> None:
+        """Creates every parity variable and every replica as zeros (a fresh start, before `reencode`)."""
+        opt = self._opt
+        names = {v.op.name for parity in opt.parity.values() for v in parity.values()}
+        names |= {r.op.name for reps in opt.replicas.values() for r in reps}
+        allocs = [op for name, op in self._alloc.items() if name in names]
+        if allocs:
+            sess.run(allocs, options=options)
+
     def rebuild(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> RebuildStats:
         """Allocates and rebuilds every variable of the `lost` PS from the survivors (which must cover them)."""
         lost_set = set(int(p) for p in lost)
@@ -363,9 +374,18 @@ class Rebuilder:
         installs the rows (not started).  The caller then lets trainers run.
         """
         lost_set = set(int(p) for p in lost)
-        stats = self._allocate(sess, lost_set, options)
-        self._copy_dense(sess, lambda v: device_task(v.device) in lost_set, options, stats)
-        ops, feeds = [], {}
+        t = time.perf_counter()
+        stats = RebuildStats()
+        # One session call (each distinct call costs a graph registration on every PS it touches in
+        # a new session): the lost dense variables copied from a replica, the other lost variables
+        # allocated as zeros, their rows marked pending and the survivors' sources preserved.  No
+        # two of these write the same variable, so they need no order among them.
+        ops, copied = self._dense_copy_ops(lambda v: device_task(v.device) in lost_set, stats)
+        ops += [
+            op for name, op in self._alloc.items()
+            if device_task(self._variables[name].device) in lost_set and name not in copied
+        ]
+        feeds = {}
         for g in self._groups:
             if g.ps in lost_set:
                 ops.append(g.begin_pending)
@@ -380,10 +400,12 @@ class Rebuilder:
         if ops:
             sess.run(ops, feeds, options=options)
             stats.session_calls += 1
+        stats.phases["t0"] = time.perf_counter() - t
         job = BackgroundRebuild(self, lost_set)
         job.stats.variables += stats.variables
         job.stats.bytes += stats.bytes
         job.stats.session_calls += stats.session_calls
+        job.stats.phases = stats.phases
         return job
 
     def resume_background(self, lost: Iterable[int]) -> BackgroundRebuild:
@@ -429,8 +451,16 @@ class Rebuilder:
         return stats
 
     def _copy_dense(self, sess: tf.compat.v1.Session, is_target: Any, options: Any, stats: RebuildStats) -> None:
+        ops, _ = self._dense_copy_ops(is_target, stats)
+        if ops:
+            sess.run(ops, options=options)
+            stats.session_calls += 1
+
+    def _dense_copy_ops(self, is_target: Any, stats: RebuildStats) -> tuple[list[tf.Operation], set[str]]:
+        """The copies that restore every dense copy `is_target` selects, and the names of the variables they write."""
         opt = self._opt
         ops = []
+        written_names: set[str] = set()
         for name, reps in opt.replicas.items():
             primary = opt.protected[name]
             copies = [primary, *reps]
@@ -442,11 +472,10 @@ class Rebuilder:
             for target in targets:
                 ops.append(self._copies[(target.op.name, source.op.name)])
                 written = [primary, *opt.slots_of(primary)] if target is primary else [target]
+                written_names.update(v.op.name for v in written)
                 stats.variables += len(written)
                 stats.bytes += sum(int(np.prod(v.shape.as_list(), dtype=np.int64)) * v.dtype.base_dtype.size for v in written)
-        if ops:
-            sess.run(ops, options=options)
-            stats.session_calls += 1
+        return ops, written_names
 
 
 class BackgroundRebuild:

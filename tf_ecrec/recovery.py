@@ -85,6 +85,9 @@ _LOG = logging.getLogger(__name__)
 
 READY_DEADLINE_SECS = 1800.0
 READY_RETRY_SECS = 0.5
+INIT_BATCH_BYTES = 256 << 20
+"""Bytes of variables initialised per session call at a fresh start: a PS computes initial values for at
+most this much (plus the largest single variable) at once, not for its whole share."""
 LONG_OP_TIMEOUT_MS = 3_600_000
 """Deadline of initialisation, rebuild and restore calls: a session's operation timeout (there to
 end waits on a dead task) must not cut the work itself on a large model."""
@@ -112,6 +115,9 @@ class RecoveryResult:
       bytes_rebuilt: bytes written to rebuilt variables.
       seconds: wall time of the decision and the rebuild.
       global_step: the global step after it.
+      phases: seconds of each part of `seconds`, in order (the profile of a
+        recovery: "inspect", "settle", "allocate", "copy_dense", "views",
+        "rebuild", "mark", ...).
     """
 
     method: str
@@ -124,6 +130,7 @@ class RecoveryResult:
     steps_finished: int = 0
     folds_rolled_back: int = 0
     background: bool = False
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def settled(self, report: SettleReport | None) -> RecoveryResult:
         """Adds what a settlement did to this result; returns it."""
@@ -135,6 +142,25 @@ class RecoveryResult:
 
 
 Listener = Callable[[RecoveryResult], None]
+
+
+class _Phases:
+    """Wall seconds of consecutive parts of a procedure: ``lap(name)`` closes the part since the last lap."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 4)
+        self._last = now
+
+    def add(self, seconds: dict[str, float]) -> None:
+        """Splits the part since the last lap into `seconds` (measured inside it) and closes it."""
+        for name, s in seconds.items():
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + s, 4)
+        self._last = time.perf_counter()
 
 
 class RecoveryPlan:
@@ -173,9 +199,7 @@ class RecoveryPlan:
             self._initialized = tf.stack([v.is_initialized() for v in self.variables])
             step = tf.compat.v1.train.get_global_step()
             self._step = step.read_value() if step is not None else None
-            self._init_all = tf.group(
-                tf.compat.v1.variables_initializer(model_variables), name="init_model"
-            )
+            self._init_batches = self._initialiser_batches(optimizer, model_variables)
             self._init_whole = {p: v.initializer for p, v in self._whole.items()}
         self._by_name = {v.op.name: v for v in self.variables}
         self._marker_names = {v.op.name for v in self._whole.values()}
@@ -184,6 +208,41 @@ class RecoveryPlan:
             optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
         )
         self.protected_names = self._protected_names()
+
+    @staticmethod
+    def _initialiser_batches(optimizer: ECOptimizer, variables: Sequence[tf.Variable]) -> list[tuple[tf.Operation, list[str]]]:
+        """The initialisers of every variable that is not derived from others, in calls of <= INIT_BATCH_BYTES.
+
+        Parity and replicas are derived: a fresh start allocates them and
+        encodes them from the initialised data with the rebuild's sliced
+        walk (`_initialise`), so no PS holds its whole share of initial
+        values, their encodings and the variables at once.
+        """
+        derived = {v.op.name for parity in optimizer.parity.values() for v in parity.values()}
+        derived |= {r.op.name for reps in optimizer.replicas.values() for r in reps}
+        batches: list[list[tf.Variable]] = [[]]
+        size = 0
+        for v in variables:
+            if v.op.name in derived:
+                continue
+            nbytes = int(np.prod(v.shape.as_list(), dtype=np.int64)) * v.dtype.base_dtype.size
+            if batches[-1] and size + nbytes > INIT_BATCH_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append(v)
+            size += nbytes
+        return [
+            (tf.group(*[v.initializer for v in vs], name=f"init_model_{i}"), [v.op.name for v in vs])
+            for i, vs in enumerate(batches) if vs
+        ]
+
+    def _initialise(self, sess: tf.compat.v1.Session) -> None:
+        """A fresh start: data, slots, dense primaries and other variables initialised in bounded batches,
+        then parity and replicas allocated and encoded from them (`Rebuilder.reencode`, PS to PS in slices)."""
+        for batch, _ in self._init_batches:
+            sess.run(batch, options=self._long)
+        self.rebuilder.allocate_derived(sess, options=self._long)
+        self.rebuilder.reencode(sess, options=self._long)
 
     @staticmethod
     def _whole_marker(task: int) -> tf.Variable:
@@ -243,12 +302,14 @@ class RecoveryPlan:
         """
         self.stop_background()  # a new session: the previous one's rebuild loops end (and resume below)
         started = time.time()
+        laps = _Phases()
         initialized = dict(zip((v.op.name for v in self.variables), sess.run(self._initialized)))
         # A PS without its marker is lost even if it holds variables (a rebuild or restore cut mid-way).
         broken = {p for p, marker in self._whole.items() if not initialized[marker.op.name]}
         missing = [v for v in self.variables if not initialized[v.op.name] or device_task(v.device) in broken]
         # A PS whose rows are still pending (a background rebuild cut by this session's creation).
         degraded = self._degraded(sess, [p for p in self._whole if p not in broken])
+        laps.lap("inspect")
         if not missing:
             # Nothing was lost, but a task (the previous chief, say) may have died
             # mid-step: settle what it left in the logs.
@@ -274,7 +335,7 @@ class RecoveryPlan:
                     "(--checkpoint-steps/--checkpoint-secs), or delete the marker to start over from scratch."
                 )
             # A fresh start, possibly cut mid-way (a partly initialised cluster): initialise it all.
-            sess.run(self._init_all, options=self._long)
+            self._initialise(sess)
             self._mark_whole(sess, self._whole)
             if self._marker is not None:
                 tf.io.gfile.makedirs(os.path.dirname(self._marker))
@@ -296,18 +357,23 @@ class RecoveryPlan:
             # prefix (tf_ecrec.steplog) before decoding.
             self._raise_generation(sess, alive)
             report = self.reconciler.settle(sess, alive, lost)
+            laps.lap("settle")
             if self.background:
                 job = self.rebuilder.begin_background(sess, rebuilt, options=self._long)
                 stats = job.stats
+                laps.add(stats.phases)
             else:
                 stats = self.rebuilder.rebuild(sess, rebuilt, options=self._long)
+                laps.lap("rebuild")
             self.reconciler.propagate_generation(sess, self.reconciler_ps(), self._graph_generation())
+            laps.lap("generation")
             self._mark_whole(sess, lost)
+            laps.lap("mark")
             result = RecoveryResult("parity", rebuilt, stats.variables, stats.bytes, background=self.background)
             result.settled(report)
             if self.background:
                 self._start_job(sess, job, started, result)
-            return self._done(result, started, sess)
+            return self._done(result, started, sess, laps)
         if restore is None:
             raise RecoveryError(
                 f"PS {lost} lost {len(missing)} variables and {reason}; there is no checkpoint to fall back to. "
@@ -316,10 +382,13 @@ class RecoveryPlan:
         _LOG.warning("PS %s lost and %s: restoring every variable from the checkpoint", lost, reason)
         restore()
         self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
+        laps.lap("restore")
         self._reencode(sess)
+        laps.lap("reencode")
         self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
         self._mark_whole(sess, lost)
-        return self._done(RecoveryResult("checkpoint", lost), started, sess)
+        laps.lap("mark")
+        return self._done(RecoveryResult("checkpoint", lost), started, sess, laps)
 
     # ---- the background rebuild ---------------------------------------------------------------------------
 
@@ -392,15 +461,19 @@ class RecoveryPlan:
         if ops:
             sess.run(ops, options=self._long)
 
-    def _done(self, result: RecoveryResult, started: float, sess: tf.compat.v1.Session) -> RecoveryResult:
-        result.seconds = time.time() - started
+    def _done(self, result: RecoveryResult, started: float, sess: tf.compat.v1.Session,
+              laps: _Phases | None = None) -> RecoveryResult:
         if self._step is not None:
             result.global_step = int(sess.run(self._step))
+        if laps is not None:
+            laps.lap("read_step")
+            result.phases = dict(laps.seconds)
+        result.seconds = time.time() - started
         if result.method in ("parity", "checkpoint"):
             _LOG.warning(
-                "recovery: method=%s lost_ps=%s variables=%d bytes=%d seconds=%.3f global_step=%s",
+                "recovery: method=%s lost_ps=%s variables=%d bytes=%d seconds=%.3f global_step=%s phases=%s",
                 result.method, result.lost_ps, result.variables_rebuilt, result.bytes_rebuilt,
-                result.seconds, result.global_step,
+                result.seconds, result.global_step, result.phases,
             )
         self.notify(result)
         return result

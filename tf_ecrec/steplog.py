@@ -204,9 +204,9 @@ class Reconciler:
 
     def set_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], generation: int) -> None:
         """Raises the minimum generation on the alive logs (older trainers' writes then fail)."""
-        for p in sorted(alive):
-            if p in self._setgen:
-                sess.run(self._setgen[p], {self._generation: generation})
+        ops = [self._setgen[p] for p in sorted(alive) if p in self._setgen]
+        if ops:
+            sess.run(ops, {self._generation: generation})
 
     def propagate_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], floor: int = 0) -> int:
         """Raises every alive log to the highest generation any of them admits (at least
@@ -224,10 +224,8 @@ class Reconciler:
             alive = sorted(p for p in alive if p in self._read)
             pending = sorted({e.sid for s in self._snapshots(sess, alive).values() for e in s.entries})
             if pending:
-                for p in alive:
-                    sess.run(self._fence[p], {self._sids: pending})
-                for p in alive:
-                    sess.run(self._round2[p], {self._sids: pending})
+                self._on_every(sess, self._fence, alive, pending)
+                self._on_every(sess, self._round2, alive, pending)
             return len(pending)
 
     # ---- the procedure ---------------------------------------------------------------------------
@@ -241,8 +239,7 @@ class Reconciler:
         if not pending:
             return report
         # A. fence: from here on the logs hold these steps' entries for good.
-        for p in alive:
-            sess.run(self._fence[p], {self._sids: pending})
+        self._on_every(sess, self._fence, alive, pending)
         snaps = self._snapshots(sess, alive)
         pending_set = set(pending)
         round2 = {int(c) for s in snaps.values() for c in s.committed}
@@ -264,18 +261,18 @@ class Reconciler:
                 report.finished += 1
         # D. commit, round 1 then round 2 (never round 2 before round 1 is complete).
         blocked = False
-        for p in alive:
-            try:
-                sess.run(self._round1[p], {self._sids: pending})
-            except tf.errors.AbortedError as exc:
-                if "earlier step" not in exc.message:
-                    raise
-                blocked = True  # behind a live step's apply: the next settlement commits
+        try:
+            self._on_every(sess, self._round1, alive, pending)
+        except tf.errors.AbortedError as exc:
+            if "earlier step" not in exc.message:
+                raise
+            # Behind a live step's apply on some log: the next settlement commits (round 1 again
+            # everywhere: a log that committed here has nothing of these steps left to drop).
+            blocked = True
         if blocked:
             _LOG.info("settled %d steps; their commit waits behind a live step", len(pending))
             return report
-        for p in alive:
-            sess.run(self._round2[p], {self._sids: pending})
+        self._on_every(sess, self._round2, alive, pending)
         _LOG.warning(
             "settled %d steps in flight: %s, %d folds of lost variables rolled back",
             len(pending), report.counts(), report.rolled_back,
@@ -349,6 +346,11 @@ class Reconciler:
                     self._source: e.target, self._source_seq: e.seq,
                 },
             )
+
+    def _on_every(self, sess: tf.compat.v1.Session, ops: dict[int, Any], alive: list[int], sids: Sequence[int]) -> None:
+        """Runs the per-log op `ops[p]` for `sids` on every alive log in one session call (a new session
+        registers a graph on each PS per distinct call: one call, not one per PS)."""
+        sess.run([ops[p] for p in alive], {self._sids: sids})
 
     def _snapshots(self, sess: tf.compat.v1.Session, alive: list[int]) -> dict[int, ec_ops.DeltaLogSnapshot]:
         values = sess.run({p: self._read[p] for p in alive})

@@ -142,6 +142,37 @@ def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for
             plan.prepare(sess, restore=None)
 
 
+def test_a_fresh_start_initialises_in_bounded_batches_and_encodes_parity_from_the_data(cluster, tmp_path, monkeypatch):  # noqa: F811
+    """No session call initialises more than INIT_BATCH_BYTES (plus one variable); parity and replicas come
+    from the sliced re-encode, bit-exact, and padding rows are exact zeros."""
+    import tf_ecrec.recovery as recovery
+
+    monkeypatch.setattr(recovery, "INIT_BATCH_BYTES", 2048)
+    graph, ids, train, opt, _, init, variables = _build(cluster)
+    with graph.as_default():
+        plan = RecoveryPlan(opt, model_dir=str(tmp_path), background=False)
+        reset = tf.group(*[tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in variables.values()])
+    derived = {v.op.name for par in opt.parity.values() for v in par.values()}
+    derived |= {r.op.name for reps in opt.replicas.values() for r in reps}
+    assert derived and len(plan._init_batches) > 2
+    sizes = {n: int(np.prod(v.shape.as_list())) * v.dtype.base_dtype.size for n, v in variables.items()}
+    initialised = set()
+    for _, batch in plan._init_batches:
+        names = set(batch)
+        assert not names & derived, "a parity or replica is initialised, not encoded"
+        assert sum(sizes[n] for n in names) <= max(2048, max(sizes[n] for n in names))
+        initialised |= names
+    with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:
+        sess.run(reset)
+        assert plan.prepare(sess, restore=None).method == "init"
+        values = sess.run(variables)
+    assert initialised | derived >= {n for n in variables if not n.startswith("ec_recovery/")}
+    result = check_parity(opt.describe(), values)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0
+    data = np.concatenate([values[f"ec/cut/ps{p}/data"] for p in range(3)])
+    assert 0 < np.abs(data).max() <= 0.05
+
+
 class _GatedSaveable(saveable_object.SaveableObject):
     """A saveable whose tensor is a dequeue: the save takes exactly as long as the test holds the gate."""
 

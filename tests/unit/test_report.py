@@ -35,8 +35,10 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "rebuild_seconds": 0.0,
         "address": "same",
         "failovers": 0,
+        "recovery_phases": {},
         "window_seconds": 7.0,
         "samples_per_sec_in_window": 0.0,
+        "while_rebuilding": None,
         "rebuild_gb_per_sec": None,
         "memory_mb_before": {},
         "memory_mb_in_window": {},
@@ -82,20 +84,24 @@ def test_with_a_background_rebuild_the_window_runs_past_the_resume_to_the_rebuil
     t0 = 1000.0
     events = [
         Event(20.0, "kill", "ps:1", 1200),
-        Event(21.0, "rebuilding", "chief:0", 1200, {"lost_ps": [1], "seconds": 0.4}),
+        Event(21.0, "rebuilding", "chief:0", 1200, {"lost_ps": [1], "seconds": 0.4, "phases": {"settle": 0.1, "t0": 0.3}}),
         Event(21.5, "resumed", "ps:1", 1201),
         Event(24.0, "recovered", "chief:0", 1230, {"method": "parity", "bytes_rebuilt": 3_000_000_000, "rebuild_seconds": 3.0}),
         Event(30.0, "kill", "ps:2", 1500),
         Event(40.0, "recovered", "chief:0", 1500, {"method": "parity", "bytes_rebuilt": 1, "rebuild_seconds": 1.0}),
         Event(41.0, "resumed", "ps:2", 1501),
     ]
-    timeline = [(t0 + t, t, 100) for t in range(1, 45)]
+    # 100 records/s, but only 50/s while the rows are installed after the resumption (21.5-24).
+    timeline = [(t0 + t, t, 50 if 22 <= t <= 24 else 100) for t in range(1, 45)]
     first, second = recovery_entries(events, "ecrec", timeline, t0)
     assert first["rebuilt_in_background"] and first["window_seconds"] == 4.0
-    assert first["samples_per_sec_in_window"] == 100.0 and first["rebuild_gb_per_sec"] == 1.0
+    assert first["samples_per_sec_in_window"] == 62.5 and first["rebuild_gb_per_sec"] == 1.0
+    assert first["while_rebuilding"] == {"seconds": 2.5, "samples_per_sec": 60.0}
+    assert first["recovery_phases"] == {"settle": 0.1, "t0": 0.3}
     assert first["seconds_to_resume"] == 1.5
     # The next kill's rebuild is its own (not the first's, nor after its resume without a "rebuilding").
     assert not second["rebuilt_in_background"] and second["window_seconds"] == 10.0
+    assert second["while_rebuilding"] is None
 
 
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():

@@ -27,12 +27,19 @@ Field names are stable (other tools read them):
     ``rebuild_seconds`` (the chief's decision and rebuild), ``address``
     (where the task came back: its old one, or a new port with
     ``--restart-at new-port``) and ``failovers`` (trainers' rebuilds of
-    TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`).
+    TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`),
+    ``recovery_phases`` (the chief's seconds per part of its recovery until
+    trainers could resume: settlement, allocation, views, ...; the profile
+    behind ``seconds_to_resume``).
     The *recovery window* runs from the kill to the chief's report that
     the model is whole again (``recovered``; without one, to
     ``resumed``): ``window_seconds``, ``samples_per_sec_in_window``
     (records trained in it per second) and ``throughput_in_window`` (that
     over ``samples_per_sec``: 0 when training stops while a PS is rebuilt),
+    ``while_rebuilding`` (when the rows were installed after training
+    resumed: ``seconds`` from the first step after the kill to the end of
+    the rebuild and ``samples_per_sec`` in them, the throughput of training
+    alongside the background rebuild),
     ``rebuild_gb_per_sec`` (``bytes_rebuilt`` over ``rebuild_seconds``),
     and per task ``memory_mb_before`` (peak resident MB in the 30 s before
     the kill) and ``memory_mb_in_window`` (peak in the window, +2 s).
@@ -171,20 +178,28 @@ def recovery_entries(
                 "rebuild_seconds": float(recovered.extra.get("rebuild_seconds") or 0.0) if recovered else 0.0,
                 "address": moved.extra.get("new") if moved is not None else "same",
                 "failovers": len(failovers),
-                **_window(kill, recovered or resumed, timeline, t0, memory or {}),
+                # The chief's profile of the recovery up to the trainers' resumption (RecoveryResult.phases).
+                "recovery_phases": ((background or recovered).extra.get("phases") or {}) if (background or recovered) else {},
+                **_window(kill, recovered or resumed, timeline, t0, memory or {}, resumed=resumed),
             }
         )
     return out
 
 
 def _window(kill: Event, end: Event | None, timeline: Sequence[tuple[float, int, int]], t0: float,
-            memory: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
+            memory: Mapping[str, Sequence[tuple[float, float]]], resumed: Event | None = None) -> dict[str, Any]:
     """The recovery window's figures (see the module docstring); None where the window never ended."""
     if end is None:
         return {"window_seconds": None, "samples_per_sec_in_window": None}
     a, b = kill.t, end.t
     records = sum(r for t, _, r in timeline if a < t - t0 <= b)
     seconds = max(1e-9, b - a)
+    # Training that went on while the rows were still being installed: from the first step after the
+    # kill to the end of the rebuild (only when the rebuild outlasted the resumption).
+    rebuilding = None
+    if resumed is not None and end.kind == "recovered" and resumed.t < b:
+        done = sum(r for t, _, r in timeline if resumed.t < t - t0 <= b)
+        rebuilding = {"seconds": round(b - resumed.t, 3), "samples_per_sec": round(done / (b - resumed.t), 1)}
     before = {
         task: max((mb for t, mb in samples if a - MEMORY_BEFORE_SECS <= t <= a), default=None)
         for task, samples in memory.items()
@@ -195,6 +210,7 @@ def _window(kill: Event, end: Event | None, timeline: Sequence[tuple[float, int,
     return {
         "window_seconds": round(b - a, 3),
         "samples_per_sec_in_window": round(records / seconds, 1),
+        "while_rebuilding": rebuilding,
         "rebuild_gb_per_sec": round(rebuilt / rebuild / 1e9, 3) if rebuild > 0 and rebuilt else None,
         "memory_mb_before": {t: v for t, v in before.items() if v is not None},
         "memory_mb_in_window": {t: v for t, v in during.items() if v is not None},

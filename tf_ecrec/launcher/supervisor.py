@@ -49,7 +49,9 @@ Events (the report's ``events``):
 - ``add``/``remove``: elastic workers started and asked to leave;
 - ``session``: a task (re)created its training session, at ``global_step``;
 - ``recovered``: the chief rebuilt lost variables (``method``, ``lost_ps``,
-  ``bytes_rebuilt``, ``rebuild_seconds``);
+  ``bytes_rebuilt``, ``rebuild_seconds``, ``phases``);
+- ``rebuilding``: the chief let trainers resume while it installs the lost
+  rows in the background (``lost_ps``, ``seconds``, ``phases``);
 - ``resumed``: the first step completed after a kill;
 - ``regained``: the global step is back at the step of the kill.
 """
@@ -382,7 +384,7 @@ class Supervisor:
             self._done_reports[task] = msg
             return True
         if kind == "recovered":
-            extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", *_SETTLED)}
+            extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", "phases", *_SETTLED)}
             self._event("recovered", task, msg.get("step"), t=t, **extra)
             self._print(
                 f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
@@ -390,7 +392,8 @@ class Supervisor:
             )
             return True
         if kind == "rebuilding":
-            self._event("rebuilding", task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"))
+            self._event("rebuilding", task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
+                        phases=msg.get("phases"))
             self._print(
                 f"{task} rebuilds lost PS {msg.get('lost_ps')} while training goes on "
                 f"(trainers resumed {msg.get('seconds')} s after the session began)"

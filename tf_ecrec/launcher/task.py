@@ -95,7 +95,8 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                    "folds_rolled_back": result.folds_rolled_back}
         if result.method == "parity" and result.background:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
-            sender.send("rebuilding", lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step)
+            sender.send("rebuilding", lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
+                        phases=result.phases)
         elif result.method in ("parity", "checkpoint", "rebuilt"):
             sender.send(
                 "recovered",
@@ -103,6 +104,7 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                 lost_ps=result.lost_ps,
                 bytes_rebuilt=result.bytes_rebuilt,
                 rebuild_seconds=round(result.seconds, 3),
+                phases=result.phases,
                 step=result.global_step,
                 **settled,
             )
