@@ -26,23 +26,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import socket
 import subprocess
 import sys
 import time
 
+from tf_ecrec.launcher.supervisor import pick_ports
+
 TABLES, DIM = 26, 16
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def start_ps(spec: dict, index: int) -> subprocess.Popen:
@@ -119,7 +109,7 @@ def main() -> int:
 
     import tensorflow as tf
 
-    ports = free_ports(args.ps + 1)
+    ports = pick_ports(args.ps + 1)
     spec = {"ps": [f"127.0.0.1:{p}" for p in ports[: args.ps]], "chief": [f"127.0.0.1:{ports[-1]}"]}
     procs = [start_ps(spec, i) for i in range(args.ps)]
     chief = tf.distribute.Server(spec, job_name="chief", task_index=0, start=True)

@@ -62,6 +62,7 @@ stock 30 seconds between checks, and gives up with ``DeadlineExceeded`` after
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -93,6 +94,10 @@ LONG_OP_TIMEOUT_MS = 3_600_000
 end waits on a dead task) must not cut the work itself on a large model."""
 WHOLE_MARKERS = "tf_ecrec_whole_markers"
 """Graph collection of the per-PS markers that a PS's state is whole (`RecoveryPlan`)."""
+PROFILE_DIR_ENV = "TF_ECREC_PROFILE_DIR"
+"""When set, every session call of a recovery is traced: a Chrome trace per call and a summary of
+each call's wall time against the span its ops ran in (the rest: partitioning, graph registration
+on the PS tasks, RPCs) go to that directory (`_TracingSession`)."""
 STARTED_MARKER = "tf_ecrec_started"
 """File in the model dir written once the variables were first initialised: with it, finding every
 variable gone is a lost job, not a fresh one."""
@@ -301,6 +306,9 @@ class RecoveryPlan:
           RecoveryError: more was lost than the code covers and there is no checkpoint.
         """
         self.stop_background()  # a new session: the previous one's rebuild loops end (and resume below)
+        job_sess = sess  # the background rebuild's loops run untraced
+        if os.environ.get(PROFILE_DIR_ENV):
+            sess = _TracingSession(sess, os.environ[PROFILE_DIR_ENV])
         started = time.time()
         laps = _Phases()
         initialized = dict(zip((v.op.name for v in self.variables), sess.run(self._initialized)))
@@ -316,7 +324,7 @@ class RecoveryPlan:
             report = self.settle(sess)
             if degraded:
                 _LOG.warning("resuming the background rebuild of PS %s", degraded)
-                self._start_job(sess, self.rebuilder.resume_background(degraded), started)
+                self._start_job(job_sess, self.rebuilder.resume_background(degraded), started)
             return self._done(RecoveryResult("none", [], background=bool(degraded)).settled(report), started, sess)
         fresh = self._marker is not None and not tf.io.gfile.exists(self._marker)
         everything = len([v for v in missing if v.op.name not in self._marker_names]) == len(self._model_variables)
@@ -372,7 +380,7 @@ class RecoveryPlan:
             result = RecoveryResult("parity", rebuilt, stats.variables, stats.bytes, background=self.background)
             result.settled(report)
             if self.background:
-                self._start_job(sess, job, started, result)
+                self._start_job(job_sess, job, started, result)
             return self._done(result, started, sess, laps)
         if restore is None:
             raise RecoveryError(
@@ -664,6 +672,47 @@ class _LongDeadline(tf_session.SessionInterface):
 
     def partial_run(self, *args: Any, **kwargs: Any) -> Any:
         return self._sess.partial_run(*args, **kwargs)
+
+
+class _TracingSession(_LongDeadline):
+    """Runs every call fully traced; appends ``{label, wall_s, ops_s}`` per call to
+    ``recovery_calls.jsonl`` in `directory` and writes each call's Chrome trace there.
+
+    ``ops_s`` is the span from the first op's start to the last op's end on any
+    device; ``wall_s - ops_s`` is what the call spent elsewhere (pruning,
+    partitioning and registering its graph on each PS in a new session, RPCs).
+    """
+
+    _count = 0
+
+    def __init__(self, sess: Any, directory: str) -> None:
+        super().__init__(sess)
+        self._dir = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        from tensorflow.python.client import timeline
+
+        traced = tf.compat.v1.RunOptions()
+        if options is not None:
+            traced.CopyFrom(options)
+        traced.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+        meta = run_metadata if run_metadata is not None else tf.compat.v1.RunMetadata()
+        t = time.perf_counter()
+        out = self._sess.run(fetches, feed_dict=feed_dict, options=traced, run_metadata=meta)
+        wall = time.perf_counter() - t
+        starts = [n.all_start_micros for d in meta.step_stats.dev_stats for n in d.node_stats]
+        ends = [n.all_start_micros + n.all_end_rel_micros for d in meta.step_stats.dev_stats for n in d.node_stats]
+        _TracingSession._count += 1
+        n = _TracingSession._count
+        label = ",".join(sorted({getattr(f, "name", str(f)).split("/")[0] for f in tf.nest.flatten(fetches)}))[:200]
+        with open(os.path.join(self._dir, "recovery_calls.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"call": n, "pid": os.getpid(), "label": label, "wall_s": round(wall, 4),
+                                 "ops_s": round((max(ends) - min(starts)) / 1e6, 4) if starts else 0.0,
+                                 "devices": len(meta.step_stats.dev_stats)}) + "\n")
+        with open(os.path.join(self._dir, f"recovery_call_{os.getpid()}_{n}.json"), "w", encoding="utf-8") as fh:
+            fh.write(timeline.Timeline(meta.step_stats).generate_chrome_trace_format())
+        return out
 
 
 def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:
