@@ -29,7 +29,7 @@ from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import EC_PROTECTION, ECOptimizer
 from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES
-from tf_ecrec.recovery import Listener, RecoveryPlan, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
+from tf_ecrec.recovery import READY_WAIT_SECS, Listener, RecoveryPlan, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
 from tf_ecrec.steplog import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
@@ -66,8 +66,10 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
+            timeout_ms = getattr(config.session_config, "operation_timeout_in_ms", 0) if config.session_config else 0
             plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir,
-                                slice_bytes=rebuild_slice_bytes)
+                                slice_bytes=rebuild_slice_bytes,
+                                ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold),
                 training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],

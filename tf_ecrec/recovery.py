@@ -19,9 +19,11 @@ nothing initialised           restore the checkpoint if there is one (then
                               re-encode parity and replicas); else, if the model
                               dir's `STARTED_MARKER` says the job had started,
                               raise `RecoveryError` (a lost job is not a fresh
-                              one); else run the initialisers and write it
+                              one); else initialise (`INIT_BATCH_BYTES` per
+                              call, parity and replicas encoded from the data
+                              in slices) and write it
 some initialised, no marker,  a fresh start cut mid-way (e.g. by a timeout):
-no checkpoint                 run every initialiser again
+no checkpoint                 initialise again, as above
 the variables of <= r PS of   settle the steps the failure cut, then rebuild
 every stripe missing          the lost variables: data chunks and slots decoded from
                               the surviving chunks, parity re-encoded, dense
@@ -52,11 +54,13 @@ variables copied from a surviving replica, with ops built before the graph
 was finalized.  No table bytes pass through the chief, no checkpoint is read
 when parity suffices, and surviving PS keep their state.
 
-Workers wait for the chief with a ready op that raises ``AbortedError``
-(instead of reporting "not ready") while variables are missing: their
-recoverable session then retries every half second instead of sleeping the
-stock 30 seconds between checks, and gives up with ``DeadlineExceeded`` after
-`READY_DEADLINE_SECS`.
+Workers wait for the chief with a ready op that first waits on every PS
+(up to `READY_WAIT_SECS`, without holding a PS thread) for the marker the
+chief writes last, and raises ``AbortedError`` (instead of reporting "not
+ready") while variables are still missing: their recoverable session then
+checks again at once instead of sleeping the stock 30 seconds, resumes
+within milliseconds of the chief's last write, and gives up with
+``DeadlineExceeded`` after `READY_DEADLINE_SECS`.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from tensorflow.python.client import session as tf_session
 
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
-from tf_ecrec.errors import RecoveryError
+from tf_ecrec.errors import ConfigError, RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES, BackgroundRebuild, Rebuilder
 from tf_ecrec.steplog import Reconciler, SettleReport
@@ -85,7 +89,11 @@ from tf_ecrec.steplog import Reconciler, SettleReport
 _LOG = logging.getLogger(__name__)
 
 READY_DEADLINE_SECS = 1800.0
-READY_RETRY_SECS = 0.5
+READY_RETRY_SECS = 0.1
+READY_WAIT_SECS = 2.0
+"""Longest one ready check of a waiting worker waits on the PS for the chief's whole markers
+(`EcRec>AwaitInitialized`): the check returns as soon as they are written, and a worker re-creates
+its session (a worker session on every PS) at most about once per this."""
 INIT_BATCH_BYTES = 256 << 20
 """Bytes of variables initialised per session call at a fresh start: a PS computes initial values for at
 most this much (plus the largest single variable) at once, not for its whole share."""
@@ -182,10 +190,17 @@ class RecoveryPlan:
         of rows not yet there wait for them, and the rebuild installs those
         first); False rebuilds everything before any trainer steps.  The
         harness drives a background rebuild itself through `job`.
+      ready_wait_secs: how long one ready check of a worker waits on the PS
+        for the state to be whole (keep it under the session's operation
+        timeout, which cuts any call).
     """
 
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
-                 slice_bytes: int = DEFAULT_SLICE_BYTES, background: bool = True) -> None:
+                 slice_bytes: int = DEFAULT_SLICE_BYTES, background: bool = True,
+                 ready_wait_secs: float = READY_WAIT_SECS) -> None:
+        if not ready_wait_secs >= 0:
+            raise ConfigError(f"ready_wait_secs={ready_wait_secs!r}; rule: >= 0; source: RecoveryPlan(ready_wait_secs=)")
+        self._ready_wait_secs = float(ready_wait_secs)
         self._opt = optimizer
         self.background = bool(background)
         self._job: BackgroundRebuild | None = None
@@ -271,13 +286,29 @@ class RecoveryPlan:
     def raising_ready_op(self) -> tf.Tensor:
         """Like report_uninitialized_variables, but fails with ABORTED while anything is missing.
 
+        Before it reports, each PS waits up to ``ready_wait_secs`` for its
+        whole marker (`EcRec>AwaitInitialized`): a worker waiting through a
+        recovery then re-creates its session (and with it a worker session
+        on every PS, which holds up the chief's calls there) once per wait
+        instead of every `READY_RETRY_SECS`, and starts within milliseconds
+        of the chief's last write.
+
         A deadline check in front of it turns a wait longer than
         `READY_DEADLINE_SECS` into a plain error, so a worker whose chief
         never comes back fails instead of retrying forever.
         """
         from tf_ecrec.ops import load_library
 
-        names = tf.compat.v1.report_uninitialized_variables(self.variables)
+        lib = load_library()
+        # First wait, on every PS at once, for its whole marker (written last by the chief).
+        waits = []
+        for p, marker in self._whole.items():
+            with tf.compat.v1.device(marker.device):
+                waits.append(lib.ec_rec_await_initialized(
+                    marker.handle, max_wait_micros=int(self._ready_wait_secs * 1e6), name=f"ec_ready_wait_ps{p}"
+                ))
+        with tf.control_dependencies(waits):
+            names = tf.compat.v1.report_uninitialized_variables(self.variables)
         state: dict[str, float | None] = {"since": None}
 
         def deadline(missing: np.ndarray) -> np.ndarray:
@@ -294,7 +325,7 @@ class RecoveryPlan:
 
         checked = tf.compat.v1.py_func(deadline, [names], tf.string, stateful=True, name="ec_ready_deadline")
         checked.set_shape([None])
-        return load_library().ec_rec_require_empty(checked, retry_micros=int(READY_RETRY_SECS * 1e6), name="ec_ready")
+        return lib.ec_rec_require_empty(checked, retry_micros=int(READY_RETRY_SECS * 1e6), name="ec_ready")
 
     # ---- the decision ---------------------------------------------------------------------------
 
@@ -697,6 +728,7 @@ class _TracingSession(_LongDeadline):
         if options is not None:
             traced.CopyFrom(options)
         traced.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+        traced.output_partition_graphs = True
         meta = run_metadata if run_metadata is not None else tf.compat.v1.RunMetadata()
         t = time.perf_counter()
         out = self._sess.run(fetches, feed_dict=feed_dict, options=traced, run_metadata=meta)
@@ -709,7 +741,10 @@ class _TracingSession(_LongDeadline):
         with open(os.path.join(self._dir, "recovery_calls.jsonl"), "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"call": n, "pid": os.getpid(), "label": label, "wall_s": round(wall, 4),
                                  "ops_s": round((max(ends) - min(starts)) / 1e6, 4) if starts else 0.0,
-                                 "devices": len(meta.step_stats.dev_stats)}) + "\n")
+                                 "devices": len(meta.step_stats.dev_stats),
+                                 "partition_nodes": sum(len(g.node) for g in meta.partition_graphs),
+                                 "partition_mb": round(sum(g.ByteSize() for g in meta.partition_graphs) / 1e6, 3)})
+                     + "\n")
         with open(os.path.join(self._dir, f"recovery_call_{os.getpid()}_{n}.json"), "w", encoding="utf-8") as fh:
             fh.write(timeline.Timeline(meta.step_stats).generate_chrome_trace_format())
         return out

@@ -1,4 +1,5 @@
 // EcRec>RequireEmpty: the "model ready" check of a worker waiting for the chief.
+// EcRec>AwaitInitialized: on a PS, waits (bounded) for a variable to exist.
 //
 // Stock ready ops report uninitialized variables and the session manager
 // then sleeps 30 s before it checks again.  This op instead fails with
@@ -8,8 +9,12 @@
 // (Not UNAVAILABLE: the distributed runtime turns an op's UNAVAILABLE into
 // INTERNAL, which would end the worker.)
 
+#include <algorithm>
+
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/platform/env.h"
 
@@ -59,6 +64,74 @@ class RequireEmptyOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EcRec>RequireEmpty").Device(DEVICE_CPU),
                         RequireEmptyOp);
+
+// Each ready check of a waiting worker is a new session, and a new session
+// creates a worker session on every PS (device discovery under the PS's
+// session lock), which stalls the chief's own calls on those PS during a
+// recovery.  Waiting here, on the PS, for the marker that the chief writes
+// last lets one check span the whole wait (up to `max_wait_micros`) instead
+// of a session per half second.
+REGISTER_OP("EcRec>AwaitInitialized")
+    .Input("resource: resource")
+    .Output("initialized: bool")
+    .Attr("max_wait_micros: int = 2000000")
+    .Attr("poll_micros: int = 5000")
+    .SetShapeFn(shape_inference::ScalarShape)
+    .SetIsStateful()
+    .Doc(R"doc(
+Whether the resource variable exists and is initialized, waiting up to
+max_wait_micros (polling every poll_micros) for it to be; a cancelled step
+stops waiting.
+)doc");
+
+// Asynchronous: a synchronous wait would hold one of the PS's few executor
+// threads per waiting worker and starve the chief's recovery ops on that PS.
+// Each poll is a closure scheduled on the environment's timer.
+class AwaitInitializedOp : public AsyncOpKernel {
+ public:
+  explicit AwaitInitializedOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_wait_micros", &max_wait_micros_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("poll_micros", &poll_micros_));
+    OP_REQUIRES(ctx, max_wait_micros_ >= 0 && poll_micros_ > 0,
+                errors::InvalidArgument("max_wait_micros must be >= 0 and poll_micros > 0, got ",
+                                        max_wait_micros_, " and ", poll_micros_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Poll(ctx, std::move(done), ctx->env()->NowMicros() + max_wait_micros_);
+  }
+
+ private:
+  void Poll(OpKernelContext* ctx, DoneCallback done, uint64 deadline) {
+    bool ready = false;
+    {
+      core::RefCountPtr<Var> var;
+      if (LookupResource(ctx, HandleFromInput(ctx, 0), &var).ok()) {
+        tf_shared_lock lock(*var->mu());
+        ready = var->is_initialized;
+      }
+    }
+    const uint64 now = ctx->env()->NowMicros();
+    CancellationManager* cm = ctx->cancellation_manager();
+    if (!ready && now < deadline && !(cm != nullptr && cm->IsCancelled())) {
+      const int64_t pause = std::min<int64_t>(poll_micros_, deadline - now);
+      ctx->env()->SchedClosureAfter(pause, [this, ctx, done = std::move(done), deadline]() mutable {
+        Poll(ctx, std::move(done), deadline);
+      });
+      return;
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
+    out->scalar<bool>()() = ready;
+    done();
+  }
+
+  int64_t max_wait_micros_;
+  int64_t poll_micros_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EcRec>AwaitInitialized").Device(DEVICE_CPU),
+                        AwaitInitializedOp);
 
 }  // namespace ecrec
 }  // namespace tensorflow
