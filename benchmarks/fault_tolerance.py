@@ -10,6 +10,11 @@ configuration of the table.
     python benchmarks/fault_tolerance.py recovery --configs ckpt-100,ckpt-500 --kill ps:1@step=1200
     python benchmarks/fault_tolerance.py recovery --configs ckpt-100-moved,ecrec-2+1-moved --kill ps:1@step=800
 
+Unprotected configurations (``none``, ``ckpt-*``) store their tables as ecrec
+does (``--storage collection``: the same variables, layout and lookups, no
+parity), so that a ratio to ``none`` is the cost of the protection alone;
+``--storage partitioned`` runs them on stock partitioned variables instead.
+
 Flags this script does not know go to every ``tf-ecrec run`` as they are
 (``... recovery --configs ecrec-2+1-moved --session-timeout 4``).
 Prints a Markdown table and writes the raw reports to ``--out``.
@@ -40,11 +45,14 @@ PRESETS = {
 }
 
 
-def run_one(name: str, common: list[str], out_dir: str, index: int) -> dict:
+def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str = "collection") -> dict:
     model_dir = os.path.join(out_dir, f"{name}-{index}")
     # A model dir left by an earlier run holds its checkpoints, which a new run would resume from.
     shutil.rmtree(model_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet", *common, *PRESETS[name]]
+    flags = PRESETS[name]
+    if "ecrec" not in flags:
+        flags = [*flags, "--storage", storage]
+    cmd = [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet", *common, *flags]
     started = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -66,6 +74,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill", default="ps:1@step=1200")
     parser.add_argument("--out", default="/tmp/tf_ecrec_bench")
+    parser.add_argument("--storage", default="collection", choices=("collection", "partitioned"),
+                        help="tables of the unprotected configurations (ecrec always uses the collection)")
     # Any other flag goes to every `tf-ecrec run` as is (e.g. --session-timeout 4).
     args, extra = parser.parse_known_args()
     args.extra = [a for a in extra if a != "--"]
@@ -80,12 +90,13 @@ def main() -> int:
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for i in range(args.repeats):
         for name in configs:
-            results[name].append(run_one(name, common, args.out, i))
+            results[name].append(run_one(name, common, args.out, i, args.storage))
     with open(os.path.join(args.out, f"{args.mode}.json"), "w", encoding="utf-8") as fh:
         json.dump(results, fh)
 
     base = statistics.median(r["samples_per_sec"] for r in results[configs[0]])
-    print(f"\n{args.mode}: {' '.join(common)}; {args.repeats} interleaved repeats, medians\n")
+    print(f"\n{args.mode}: {' '.join(common)}; unprotected tables: {args.storage}; "
+          f"{args.repeats} interleaved repeats, medians\n")
     if args.mode == "throughput":
         print(f"| config | samples/s | ratio to {configs[0]} |\n|---|---|---|")
         for name in configs:

@@ -26,6 +26,14 @@ timings.
 
     python benchmarks/protection_cost.py                   # 5 PS, ~2-4 min
     python benchmarks/protection_cost.py --ps 5 --rounds 7 --steps 300
+    python benchmarks/protection_cost.py --profile 20      # + where a step's time goes
+
+``--profile N`` traces N steps of each configuration after the timed rounds
+and prints, per kind of op (lookups, the stock or delta-logging apply,
+parity folds, the global-step count, the commit rounds, transfers), the
+median of when its first op starts and its last op ends within the step
+(ms from the step's first op) and its summed op time: the step's critical
+path, phase by phase.
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
     parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 4+1")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="trace N steps of each configuration")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",")]
     rng = np.random.default_rng(0)
@@ -126,9 +135,59 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(a / b for a, b in zip(rates[name], rates[configs[0]]))
         rate = statistics.median(rates[name])
         print(f"| {name} | {rate:,.1f} | {rate * args.batch:,.0f} | {ratio:.3f} |")
+    if args.profile:
+        print(f"\nwhere a step's time goes: median over {args.profile} traced steps, ms from the step's first op "
+              "(first start / last end / summed op time)\n")
+        for name in configs:
+            sess, ids, train = sessions[name]
+            rows = profile(sess, train, ids, batches, args.profile)
+            print(f"{name}:\n\n| ops | first start | last end | op time |\n|---|---|---|---|")
+            for kind, (first, last, busy) in rows:
+                print(f"| {kind} | {first:.2f} | {last:.2f} | {busy:.2f} |")
+            print()
     for sess, _, _ in sessions.values():
         sess.close()
     return 0
+
+
+KINDS = (
+    # (kind, predicate on the op type), first match wins
+    ("commit, round 1", lambda t: t == "EcRec>DeltaLogCommitInOrder"),
+    ("commit, round 2", lambda t: t == "EcRec>DeltaLogCommit"),
+    ("parity and replica folds", lambda t: t.startswith("EcRec>ParityUpdate") or t == "EcRec>XorRows"),
+    ("apply (+ delta)", lambda t: "Apply" in t),
+    ("global step count", lambda t: t.startswith("EcRec>AssignAdd") or t == "AssignAddVariableOp"),
+    ("lookups", lambda t: t in ("ResourceGather", "GatherV2", "EcRec>AwaitRebuiltRows", "DynamicStitch", "DynamicPartition")),
+    ("transfers (send/recv)", lambda t: t in ("_Send", "_Recv", "_HostSend", "_HostRecv", "RecvTensor")),
+)
+
+
+def profile(sess, train, ids, batches, steps: int) -> list[tuple[str, tuple[float, float, float]]]:
+    """Per kind of op: medians over `steps` traced steps of (first start, last end, summed op time), in ms."""
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    samples: dict[str, list[tuple[float, float, float]]] = {}
+    for i in range(steps):
+        meta = tf.compat.v1.RunMetadata()
+        sess.run(train, {ids: batches[i % len(batches)]}, options=options, run_metadata=meta)
+        nodes = [n for d in meta.step_stats.dev_stats for n in d.node_stats if n.node_name not in ("_SOURCE", "_SINK")]
+        t0 = min(n.all_start_micros for n in nodes)
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for n in nodes:
+            label = n.timeline_label.split(" = ", 1)[-1]
+            op_type = label.split("(", 1)[0] if "(" in label else n.node_name.rsplit("/", 1)[-1]
+            kind = next((k for k, test in KINDS if test(op_type)), "other")
+            start = (n.all_start_micros - t0) / 1e3
+            spans.setdefault(kind, []).append((start, start + n.all_end_rel_micros / 1e3))
+        spans["whole step"] = [(0.0, max(e for v in spans.values() for _, e in v))]
+        for kind, v in spans.items():
+            samples.setdefault(kind, []).append(
+                (min(s for s, _ in v), max(e for _, e in v), sum(e - s for s, e in v) if kind != "whole step" else 0.0)
+            )
+    order = [k for k, _ in KINDS] + ["other", "whole step"]
+    return [
+        (kind, tuple(statistics.median(x[j] for x in samples[kind]) for j in range(3)))  # type: ignore[misc]
+        for kind in order if kind in samples
+    ]
 
 
 if __name__ == "__main__":

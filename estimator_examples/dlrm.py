@@ -42,6 +42,10 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "top_mlp": [64, 32],
     "optimizer": "adagrad",
     "learning_rate": 0.05,
+    # Without "ec": "partitioned" tables (stock), or "collection": the variables and layout
+    # (by storage_code) that ecrec protects, unprotected: the like-for-like baseline.
+    "storage": "partitioned",
+    "storage_code": "2+1",
 }
 
 
@@ -57,6 +61,8 @@ def default_params(**overrides: Any) -> dict[str, Any]:
         )
     if params["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"optimizer {params['optimizer']!r} is not one of {OPTIMIZERS}; source: --optimizer")
+    if params["storage"] not in ("partitioned", "collection"):
+        raise ConfigError(f"storage {params['storage']!r} is not partitioned or collection; source: params['storage']")
     return params
 
 
@@ -128,12 +134,19 @@ def model_fn(
     erasure-coded ones (wrap the model_fn with `tf_ecrec.ec_model_fn`); the
     rest of the model does not change.
     """
-    if params.get("ec"):
+    if params.get("ec") or params.get("storage") == "collection":
         import tf_ecrec
+        from tf_ecrec.device import layout_placement
 
-        tables = tf_ecrec.EmbeddingCollection(
-            "dlrm", [(f"C{i + 1}", rows) for i, rows in enumerate(params["table_sizes"])], params["embedding_dim"]
-        )
+        specs = [(f"C{i + 1}", rows) for i, rows in enumerate(params["table_sizes"])]
+        if params.get("ec"):
+            tables = tf_ecrec.EmbeddingCollection("dlrm", specs, params["embedding_dim"])
+        else:  # the same storage, unprotected
+            with tf.compat.v1.device(layout_placement):
+                tables = tf_ecrec.EmbeddingCollection(
+                    "dlrm", specs, params["embedding_dim"], ec=tf_ecrec.ECConfig.parse(params["storage_code"]),
+                    num_ps=config.num_ps_replicas, protected=False,
+                )
         rows = tf.unstack(tables.lookup_all(features["cat"]), axis=1)
         lookup: Callable[[int, tf.Tensor], tf.Tensor] = lambda i, ids: rows[i]  # noqa: E731
     else:

@@ -49,7 +49,16 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     p.add_argument("--deterministic", action="store_true", help="one worker, fixed order, deterministic ops")
     p.add_argument("--fault-tolerance", default="checkpoint", choices=("none", "checkpoint", "ecrec"))
-    p.add_argument("--ec", default="2+1", metavar="K+R", help="erasure code for --fault-tolerance ecrec")
+    p.add_argument("--ec", default="2+1", metavar="K+R",
+                   help="erasure code for --fault-tolerance ecrec (and the layout of --storage collection)")
+    p.add_argument(
+        "--storage",
+        default=None,
+        choices=("partitioned", "collection"),
+        help="embedding tables as partitioned variables (stock; the default without ecrec) or as the "
+        "collection ecrec protects (the default with ecrec): run none/checkpoint with --storage collection "
+        "to compare against ecrec on the same variables",
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--checkpoint-steps", type=int, default=None, help="checkpoint every N global steps")
     g.add_argument("--checkpoint-secs", type=float, default=None, help="checkpoint every S seconds")
@@ -144,6 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         deterministic=args.deterministic,
         fault_tolerance=args.fault_tolerance,
         ec=args.ec,
+        storage=args.storage,
         checkpoint_steps=args.checkpoint_steps,
         checkpoint_secs=args.checkpoint_secs,
         kills=parse_kills(args.kill),

@@ -85,6 +85,11 @@ class EmbeddingCollection:
       num_ps: PS tasks; default: the one set by `tf_ecrec.ec_model_fn`.
       initializer: initializer of the real rows, called with a shape
         [rows, dim]; default uniform in [-0.05, 0.05].
+      protected: False stores the tables the same way (the variables,
+        layout and lookups of ``ec``) with no protection: no parity, no
+        wait for rows being rebuilt, trained by a stock optimizer; the
+        like-for-like baseline of a protected collection.  Build it under
+        `tf_ecrec.device.layout_placement` (or an `ECDeviceFn`).
 
     Raises:
       ConfigError: no code or PS count known, a code the PS count cannot
@@ -99,6 +104,7 @@ class EmbeddingCollection:
         ec: ECConfig | None = None,
         num_ps: int | None = None,
         initializer: Callable[..., Any] | None = None,
+        protected: bool = True,
     ) -> None:
         ctx = current_context()
         ec = ec or (ctx.ec if ctx else None)
@@ -118,6 +124,7 @@ class EmbeddingCollection:
             if int(rows) < 1:
                 raise ConfigError(f"table {table!r} has {rows} rows; a table needs >= 1; source: tables")
         self.name = name
+        self.protected = bool(protected)
         self.ec = ec
         self.num_ps = int(num_ps)
         self.dim = int(dim)
@@ -160,7 +167,8 @@ class EmbeddingCollection:
                         use_resource=True,
                     )
                 check_placed(self.data[p], p, f"the data chunks of collection {name!r}")
-        tf.compat.v1.add_to_collection(EC_COLLECTIONS, self)
+        if self.protected:  # what ECOptimizer, recovery and verification find
+            tf.compat.v1.add_to_collection(EC_COLLECTIONS, self)
 
     # ---- lookup ---------------------------------------------------------------------------
 
@@ -201,6 +209,9 @@ class EmbeddingCollection:
         for p in range(self.num_ps):
             if p in self.data:
                 var = self.data[p]
+                if not self.protected:
+                    values.append(tf.gather(var, locals_[p]))
+                    continue
                 with tf.compat.v1.device(var.device):
                     # Rows of a PS being rebuilt in the background are there before they are read
                     # (the wait asks the rebuild for them; a no-op otherwise): tf_ecrec.rebuild.

@@ -648,13 +648,35 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
             _LOG.warning("could not settle pending steps at the end of training: %s", exc.message.splitlines()[0])
 
 
-class ECSaver(tf.compat.v1.train.Saver):
+class LongDeadlineSaver(tf.compat.v1.train.Saver):
+    """The stock Saver, with saves and restores under `LONG_OP_TIMEOUT_MS` instead of the session's timeout.
+
+    The session's operation timeout is there to end waits on a dead task; it
+    must not cut the save or the restore of a large model (at 4 GB of tables
+    a save takes longer than the default 10 s).
+    """
+
+    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
+        return super().save(_LongDeadline(sess), *args, **kwargs)
+
+    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
+        self._restore(sess, save_path)
+
+    def _restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:
+        """The stock restore op, run under the long deadline instead of the session's."""
+        _LOG.info("Restoring parameters from %s", save_path)
+        sess.run(
+            self.saver_def.restore_op_name, {self.saver_def.filename_tensor_name: save_path},
+            options=tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS),
+        )
+
+
+class ECSaver(LongDeadlineSaver):
     """A Saver whose restore() rebuilds from parity when it can, and restores the checkpoint only when it must.
 
-    Saving is the stock Saver's, under the long deadline: the session's
-    operation timeout is there to end waits on a dead task, and must not cut
-    the save of a large model.  `SessionManager` calls ``restore`` when the
-    model dir has a checkpoint; the decision is `RecoveryPlan.prepare`'s.
+    Saving is the stock Saver's, under the long deadline (`LongDeadlineSaver`).
+    `SessionManager` calls ``restore`` when the model dir has a checkpoint;
+    the decision is `RecoveryPlan.prepare`'s.
     """
 
     def __init__(self, plan: RecoveryPlan, **kwargs: Any) -> None:
@@ -665,18 +687,42 @@ class ECSaver(tf.compat.v1.train.Saver):
         # Rows still pending on a PS being rebuilt read as zeros: a checkpoint waits for the rebuild.
         if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
             raise RecoveryError("a checkpoint cannot be saved while a lost PS's rows are still being rebuilt")
-        return super().save(_LongDeadline(sess), *args, **kwargs)
+        return super().save(sess, *args, **kwargs)
 
     def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
         self._plan.prepare(sess, restore=lambda: self._restore(sess, save_path))
 
-    def _restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:
-        """The stock restore op, run under the plan's long deadline instead of the session's."""
-        _LOG.info("Restoring parameters from %s", save_path)
-        sess.run(
-            self.saver_def.restore_op_name, {self.saver_def.filename_tensor_name: save_path},
-            options=tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS),
-        )
+
+def long_deadline_scaffold(base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:
+    """A Scaffold for unprotected training whose initialisation, saves and restores run under
+    `LONG_OP_TIMEOUT_MS` (keeps `base`'s local init and summary ops); build it in the model_fn."""
+    init = tf.compat.v1.global_variables_initializer()
+    long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
+    kwargs: dict[str, Any] = {}
+    if base is not None:
+        kwargs = {"local_init_op": base.local_init_op, "summary_op": base.summary_op}
+    return tf.compat.v1.train.Scaffold(
+        init_op=tf.no_op(name="long_deadline_init_op"),
+        init_fn=lambda scaffold, sess: sess.run(init, options=long),
+        saver=LongDeadlineSaver(sharded=True, max_to_keep=3, save_relative_paths=True),
+        **{k: v for k, v in kwargs.items() if v is not None},
+    )
+
+
+def long_deadline_model_fn(model_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps an Estimator model_fn so that, in training, its Scaffold is `long_deadline_scaffold`."""
+    import inspect
+
+    accepted = set(inspect.signature(model_fn).parameters)
+
+    def wrapped(features: Any, labels: Any, mode: str, params: Any, config: Any) -> Any:
+        kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
+        spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            spec = spec._replace(scaffold=long_deadline_scaffold(spec.scaffold))
+        return spec
+
+    return wrapped
 
 
 class _LongDeadline(tf_session.SessionInterface):
@@ -750,9 +796,18 @@ class _TracingSession(_LongDeadline):
         return out
 
 
-def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:
-    """The Scaffold that routes session creation through `plan` (keeps `base`'s other fields)."""
-    ready = plan.raising_ready_op()
+def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None,
+                 chief: bool = False) -> tf.compat.v1.train.Scaffold:
+    """The Scaffold that routes session creation through `plan` (keeps `base`'s other fields).
+
+    On the `chief`, the ready ops report nothing: its session creation runs
+    `plan.prepare`, which leaves every variable whole or raises, so checking
+    again would only cost the chief's resumption a first call across every PS.
+    """
+    if chief:
+        ready = tf.constant([], tf.string, name="ec_ready_after_prepare")
+    else:
+        ready = plan.raising_ready_op()
     saver = ECSaver(plan, sharded=True, max_to_keep=3, save_relative_paths=True)
     kwargs: dict[str, Any] = {}
     if base is not None:

@@ -59,13 +59,17 @@ def test_a_port_in_use_is_named_before_any_task_starts(tmp_path):
 
 
 def test_checkpoint_mode_survives_a_ps_kill_and_reports_the_rollback(tmp_path):
+    # On the tables ecrec protects (--storage collection), unprotected: the like-for-like baseline.
     model_dir = str(tmp_path / "ckpt")
     result = cli(
         "run", "--model-dir", model_dir, "--ps", "3", "--workers", "2", "--steps", "600",
         "--fault-tolerance", "checkpoint", "--checkpoint-steps", "150", "--kill", "ps:1@step=380",
-        "--restart-delay", "1", *SMALL,
+        "--restart-delay", "1", "--storage", "collection", *SMALL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
+        names = json.dumps(json.load(fh))
+    assert all(f"ec/dlrm/ps{p}/data" in names for p in range(3)) and "parity" not in names
     report = _report(model_dir)
     assert report["global_step"] >= 600
     (rec,) = report["recovery"]

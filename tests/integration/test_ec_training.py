@@ -166,3 +166,41 @@ def test_lookup_returns_the_rows_of_each_table(cluster):
     assert len({tuple(r) for r in flat[[0, 2, 4]]}) == 3 and len({tuple(r) for r in flat[[1, 3, 5]]}) == 3
     np.testing.assert_array_equal(got_single[0], got[1, 1])
     np.testing.assert_array_equal(got_single[1], got[0, 1])
+
+
+def test_an_unprotected_collection_is_the_same_storage_trained_by_a_stock_optimizer(cluster):
+    """The like-for-like baseline: the variables, layout and lookups of a protected collection, no protection."""
+    from tf_ecrec.device import layout_placement
+    from tf_ecrec.embedding import collections, device_task
+
+    def values(shape, dtype=tf.float32):
+        return tf.reshape(tf.cast(tf.range(shape[0] * shape[1]), tf.float32), shape)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.compat.v1.device(layout_placement):
+            coll = tf_ecrec.EmbeddingCollection(
+                "plain", [("a", 50), ("b", 7)], 3, ec=tf_ecrec.ECConfig(2, 1), num_ps=3, initializer=values,
+                protected=False,
+            )
+        with tf.compat.v1.device("/job:worker/task:0"):
+            ids = tf.constant([[0, 0], [49, 6], [17, 3]], tf.int64)
+            rows = coll.lookup_all(ids)
+            step = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(rows))
+        init = tf.compat.v1.global_variables_initializer()
+        ops = {op.type for op in graph.get_operations()}
+    assert collections(graph) == []  # nothing for ECOptimizer, recovery or verification to protect
+    assert not any(t.startswith("EcRec>") for t in ops)  # no delta log, no wait for rebuilt rows
+    with tf.Graph().as_default():
+        with tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=3, worker_device="/job:worker")):
+            twin = tf_ecrec.EmbeddingCollection("twin", [("a", 50), ("b", 7)], 3, ec=tf_ecrec.ECConfig(2, 1), num_ps=3)
+        assert {p: (device_task(v.device), v.shape.as_list()) for p, v in twin.data.items()} == {
+            p: (device_task(v.device), v.shape.as_list()) for p, v in coll.data.items()
+        }
+    with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:
+        sess.run(init)
+        before = sess.run(rows)
+        sess.run(step)
+        after = sess.run(rows)
+    assert before[0, 0].tolist() != before[1, 0].tolist()
+    assert np.all(after < before)  # every looked-up row went down the gradient of their sum

@@ -19,7 +19,7 @@ import tf_ecrec
 from tensorflow.python.training.saving import saveable_object
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import ECSaver, RecoveryPlan
+from tf_ecrec.recovery import ECSaver, LongDeadlineSaver, RecoveryPlan
 from tf_ecrec.verify import check_parity
 
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
@@ -184,15 +184,20 @@ class _GatedSaveable(saveable_object.SaveableObject):
         return tf.no_op()
 
 
-def test_a_checkpoint_save_is_not_cut_by_the_session_operation_timeout(cluster, tmp_path):  # noqa: F811
-    """The session's operation timeout ends waits on dead tasks; ECSaver saves a slow (large) model under the long deadline."""
+@pytest.mark.parametrize("saver", ["ECSaver", "LongDeadlineSaver"])
+def test_a_checkpoint_save_is_not_cut_by_the_session_operation_timeout(cluster, tmp_path, saver):  # noqa: F811
+    """The session's operation timeout ends waits on dead tasks; ECSaver (ecrec) and LongDeadlineSaver (the
+    unprotected modes' Scaffold) save a slow (large) model under the long deadline."""
     graph, ids, train, opt, plan, init, variables = _build(cluster, optimizer="sgd")
     with graph.as_default():
         with tf.compat.v1.device("/job:ps/task:0"):
             gate = tf.queue.FIFOQueue(4, tf.float32, shapes=[[]], shared_name="save_gate")
             release = gate.enqueue(1.0)
         stock = tf.compat.v1.train.Saver(var_list=[_GatedSaveable(gate)], sharded=True)
-        ours = ECSaver(plan, var_list=[_GatedSaveable(gate)], sharded=True)
+        if saver == "ECSaver":
+            ours = ECSaver(plan, var_list=[_GatedSaveable(gate)], sharded=True)
+        else:
+            ours = LongDeadlineSaver(var_list=[_GatedSaveable(gate)], sharded=True)
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=2000)
     (tmp_path / "stock").mkdir()
     (tmp_path / "ours").mkdir()

@@ -202,3 +202,20 @@ def test_settlement_totals_add_up_recoveries_and_background_settlements():
         Event(3.0, "recovered", "chief:0", 30, {"method": "checkpoint"}),
     ]
     assert settlement_totals(events) == {"steps_undone": 1, "steps_finished": 3, "folds_rolled_back": 3}
+
+
+def test_the_summary_names_a_kill_that_training_never_resumed_after():
+    from tf_ecrec.launcher.supervisor import _summary
+
+    report = {
+        "global_step": 10, "samples_per_sec": 5.0, "effective_samples_per_sec": 4.0, "config": {"fault_tolerance": "checkpoint"}, "variables_sha256": "ab",
+        "recovery": [
+            {"task": "worker:0", "killed_at_step": 9, "resumed_from_step": None, "steps_rolled_back": None,
+             "seconds_to_resume": None, "seconds_to_regain": None},
+            {"task": "ps:1", "killed_at_step": 5, "resumed_from_step": 4, "steps_rolled_back": 1,
+             "seconds_to_resume": 2.0, "seconds_to_regain": None},
+        ],
+    }
+    text = _summary(report, "/tmp/report.json")
+    assert "worker:0 killed at step 9: training did not resume after it" in text
+    assert "resumed after 2.0 s, regained step 5 never" in text

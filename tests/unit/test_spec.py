@@ -32,11 +32,21 @@ def test_malformed_kill_is_a_config_error(text):
         ({"fault_tolerance": "magic"}, r"--fault-tolerance 'magic' is not one of"),
         ({"spare_ps": -1}, r"--spare-ps -1 must be an integer >= 0; source: --spare-ps"),
         ({"rebuild_slice_mb": 0}, r"--rebuild-slice-mb 0 must be > 0; source: --rebuild-slice-mb"),
+        ({"storage": "sharded"}, r"--storage 'sharded' is not one of \('partitioned', 'collection'\); source: --storage"),
+        ({"fault_tolerance": "ecrec", "storage": "partitioned"}, r"ecrec protects the collection storage only"),
+        ({"fault_tolerance": "none", "ec": "4+1"}, r"--ec 4\+1 was given with --fault-tolerance none and partitioned tables"),
+        ({"fault_tolerance": "none", "storage": "collection", "ec": "4+1"}, r"4\+1"),  # 5 tasks on 3 PS
     ],
 )
 def test_bad_flag_combinations_are_rejected_before_anything_starts(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         JobSpec(**kwargs)
+
+
+def test_table_storage_defaults_to_the_collection_under_ecrec_only_and_takes_the_code_as_its_layout():
+    assert JobSpec(fault_tolerance="ecrec").table_storage == "collection"
+    assert JobSpec(fault_tolerance="none").table_storage == "partitioned"
+    assert JobSpec(fault_tolerance="checkpoint", storage="collection", ec="4+1", ps=5).table_storage == "collection"
 
 
 def test_checkpoint_interval_maps_to_run_config_arguments():

@@ -18,6 +18,7 @@ from tf_ecrec.errors import ConfigError
 
 MODELS = ("dlrm", "dcn")
 FAULT_TOLERANCE = ("none", "checkpoint", "ecrec")
+STORAGE = ("partitioned", "collection")
 RESTART_AT = ("same", "new-port")
 OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
 _KILL = re.compile(r"^(?:(?P<type>ps|worker|chief):(?P<index>\d+)|(?P<master>master))@step=(?P<step>\d+)$")
@@ -98,6 +99,14 @@ class JobSpec:
       replaces the lost one in the cluster file, as a move does), with no
       wait for a process to start, and a new spare is started behind it.
       Without a spare left, the PS restarts as ``restart_at`` says.
+    - ``storage``: how the model's embedding tables are stored.
+      ``"collection"`` (`tf_ecrec.EmbeddingCollection`: one variable per PS
+      holding its chunks of every table, laid out by the ``ec`` code) is what
+      ecrec protects, and the like-for-like baseline of ``none`` and
+      ``checkpoint`` (the same variables and lookups, no parity, the stock
+      optimizer); ``"partitioned"`` (each table a partitioned variable over
+      the PS) is how stock TensorFlow scripts store them.  Default: the
+      collection under ecrec, partitioned otherwise.
     - ``rebuild_slice_mb``: rows of a lost chunk moved per session call of
       a rebuild (`tf_ecrec.rebuild`): it bounds the rebuild's buffers on
       every PS; smaller slices interleave more finely with training.
@@ -126,6 +135,7 @@ class JobSpec:
     checkpoint_steps: int | None = None
     checkpoint_secs: float | None = None
     ec: str = "2+1"
+    storage: str | None = None
     kills: tuple[KillSpec, ...] = ()
     report: str | None = None
     optimizer: str = "adagrad"
@@ -207,14 +217,24 @@ class JobSpec:
             _check(self.checkpoint_steps >= 1, f"--checkpoint-steps {self.checkpoint_steps} must be >= 1", "--checkpoint-steps")
         if self.checkpoint_secs is not None:
             _check(self.checkpoint_secs > 0, f"--checkpoint-secs {self.checkpoint_secs} must be > 0", "--checkpoint-secs")
-        if self.fault_tolerance == "ecrec":
+        _check(
+            self.storage is None or self.storage in STORAGE,
+            f"--storage {self.storage!r} is not one of {STORAGE}",
+            "--storage",
+        )
+        _check(
+            not (self.fault_tolerance == "ecrec" and self.storage == "partitioned"),
+            "--storage partitioned with --fault-tolerance ecrec: ecrec protects the collection storage only",
+            "--storage",
+        )
+        if self.table_storage == "collection":
             from tf_ecrec.ec_config import ECConfig
 
             ECConfig.parse(self.ec).check_cluster(self.ps)
         elif self.ec != "2+1":
             raise ConfigError(
-                f"--ec {self.ec} was given with --fault-tolerance {self.fault_tolerance}; the code applies to "
-                "--fault-tolerance ecrec only; source: --ec"
+                f"--ec {self.ec} was given with --fault-tolerance {self.fault_tolerance} and partitioned tables; the "
+                "code applies to --fault-tolerance ecrec and to --storage collection (its layout) only; source: --ec"
             )
         if self.deterministic:
             _check(
@@ -239,6 +259,13 @@ class JobSpec:
                 "--kill",
             )
         self._validate_elastic()
+
+    @property
+    def table_storage(self) -> str:
+        """``storage``, or its default for the fault tolerance."""
+        if self.storage is not None:
+            return self.storage
+        return "collection" if self.fault_tolerance == "ecrec" else "partitioned"
 
     def _check_task_exists(self, spec: KillSpec, flag: str) -> None:
         slots = self.worker_slots

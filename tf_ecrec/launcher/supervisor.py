@@ -798,10 +798,14 @@ def _summary(report: dict[str, Any], path: str) -> str:
         f"({report['effective_samples_per_sec']:,.0f} overall), fault tolerance {report['config']['fault_tolerance']}",
     ]
     for r in report["recovery"]:
+        if r["seconds_to_resume"] is None:  # e.g. a task killed as the job ended
+            lines.append(f"  {r['task']} killed at step {r['killed_at_step']}: training did not resume after it")
+            continue
+        regained = "never" if r["seconds_to_regain"] is None else f"after {r['seconds_to_regain']:.1f} s"
         lines.append(
             f"  {r['task']} killed at step {r['killed_at_step']}: resumed from step {r['resumed_from_step']} "
             f"({r['steps_rolled_back']} steps rolled back), resumed after {r['seconds_to_resume']:.1f} s, "
-            f"regained step {r['killed_at_step']} after {r['seconds_to_regain']:.1f} s"
+            f"regained step {r['killed_at_step']} {regained}"
         )
         if r.get("method") == "parity" and r.get("window_seconds") is not None:
             chief = r.get("memory_mb_in_window", {}).get("chief:0")

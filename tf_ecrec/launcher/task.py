@@ -51,6 +51,8 @@ def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
         bottom_mlp=[64, d],
         optimizer=job.optimizer,
         learning_rate=job.learning_rate,
+        storage=job.table_storage,
+        storage_code=job.ec,
     )
 
 
@@ -173,6 +175,11 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
             recovery = link.recovery_listener(recovery)
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))))
+    else:
+        from tf_ecrec.recovery import long_deadline_model_fn
+
+        # Initialisation, checkpoint saves and restores of a large model outlast the session timeout.
+        model_fn = long_deadline_model_fn(model_fn)
     source = make_source(job, params)
     if link is not None:
         link.register_dataset(source.num_records)
