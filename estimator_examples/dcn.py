@@ -66,8 +66,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "learning_rate": 0.05,
     "ec": None,  # None/False: plain tables; "K+R" or an ECConfig; True: the code of tf_ecrec.ec_model_fn
 }
-# Parameters other models take that launchers pass to every model; DCN has no use for them.
-_IGNORED = ("bottom_mlp", "top_mlp")
+# Parameters other models take that launchers pass to every model; DCN has no use for them (its
+# tables are partitioned, or ECEmbeddings under "ec": the launcher allows nothing else for DCN).
+_IGNORED = ("bottom_mlp", "top_mlp", "storage", "storage_code")
 
 
 def default_params(**overrides: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def test_malformed_kill_is_a_config_error(text):
         ({"fault_tolerance": "ecrec", "storage": "partitioned"}, r"ecrec protects the collection storage only"),
         ({"fault_tolerance": "none", "ec": "4+1"}, r"--ec 4\+1 was given with --fault-tolerance none and partitioned tables"),
         ({"fault_tolerance": "none", "storage": "collection", "ec": "4+1"}, r"4\+1"),  # 5 tasks on 3 PS
+        ({"fault_tolerance": "none", "storage": "collection", "model": "dcn"}, r"for --model dlrm only, not 'dcn'"),
     ],
 )
 def test_bad_flag_combinations_are_rejected_before_anything_starts(kwargs, message):

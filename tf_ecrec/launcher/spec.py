@@ -227,6 +227,11 @@ class JobSpec:
             "--storage partitioned with --fault-tolerance ecrec: ecrec protects the collection storage only",
             "--storage",
         )
+        _check(
+            self.table_storage == "partitioned" or self.fault_tolerance == "ecrec" or self.model == "dlrm",
+            f"--storage collection without ecrec is built for --model dlrm only, not {self.model!r}",
+            "--storage",
+        )
         if self.table_storage == "collection":
             from tf_ecrec.ec_config import ECConfig
 
