@@ -86,6 +86,7 @@ def read_variables(
     # limit cannot be serialized, and tables of a few GB hold variables that large.
     parts: dict[str, list[Any]] = {}
     part_bytes: dict[Any, int] = {}
+    where: dict[Any, tuple[str, int | None, list[int], Any]] = {}  # read -> (variable, first row or None: whole, shape, dtype)
     with graph.as_default():
         for r in records:
             if not r["device"].startswith("/job:ps"):
@@ -99,11 +100,13 @@ def read_variables(
                 if not shape or shape[0] * row_bytes <= READ_BYTES:
                     parts[r["name"]] = [value]
                     part_bytes[value] = max(1, shape[0] if shape else 1) * row_bytes
+                    where[value] = (r["name"], None, shape, dtype.as_numpy_dtype)
                     continue
                 step = max(1, READ_BYTES // max(1, row_bytes))
                 parts[r["name"]] = [value[lo : min(lo + step, shape[0])] for lo in range(0, shape[0], step)]
-                for part in parts[r["name"]]:
+                for i, part in enumerate(parts[r["name"]]):
                     part_bytes[part] = step * row_bytes
+                    where[part] = (r["name"], i * step, shape, dtype.as_numpy_dtype)
     # The reader's own server, and the PS addresses carried by the session (ClusterSpec
     # propagation, state shared with the trainers): the PS tasks' own cluster specs may name a
     # PS at an address it has left (--restart-at new-port).
@@ -113,7 +116,8 @@ def read_variables(
     server = own_server(address)
     config = propagated_config({"ps": list(ps_addresses), "reader": [address]}, timeout_secs)
     target = server.target
-    got: dict[Any, np.ndarray] = {}
+    # Slices go straight into each variable's array as they arrive: no second copy of the model.
+    out: dict[str, np.ndarray] = {}
     batches: list[list[Any]] = [[]]
     size = 0
     for fetch in (f for fs in parts.values() for f in fs):
@@ -125,13 +129,20 @@ def read_variables(
     try:
         with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
             for batch in batches:
-                got.update(zip(batch, sess.run(batch)))
+                for fetch, value in zip(batch, sess.run(batch)):
+                    name, lo, shape, dtype = where[fetch]
+                    if lo is None:  # the whole variable in one read
+                        out[name] = value
+                        continue
+                    if name not in out:
+                        out[name] = np.empty(shape, dtype)
+                    out[name][lo : lo + value.shape[0]] = value
     except tf.errors.OpError as exc:
         raise RecoveryError(
             f"cannot read {len(records)} variables from PS {list(ps_addresses)} ({exc.message.splitlines()[0]}); "
             "is every PS up and initialised?"
         ) from exc
-    return {name: got[fs[0]] if len(fs) == 1 else np.concatenate([got[f] for f in fs]) for name, fs in parts.items()}
+    return {name: out[name] for name in parts}
 
 
 def variables_digest(values: Mapping[str, np.ndarray]) -> str:
