@@ -153,6 +153,11 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     # ---- the Optimizer interface ---------------------------------------------------------------------------
 
+    def redundancy_names(self) -> set[str]:
+        """Names of the variables derived from others: every parity and every replica."""
+        names = {v.op.name for parity in self.parity.values() for v in parity.values()}
+        return names | {r.op.name for reps in self.replicas.values() for r in reps}
+
     def describe(self) -> dict[str, Any]:
         """What protects what, by variable name (JSON-able; for verification and recovery)."""
         colls = self._collections

@@ -347,9 +347,7 @@ class Rebuilder:
 
     def allocate_derived(self, sess: tf.compat.v1.Session, options: Any = None) -> None:
         """Creates every parity variable and every replica as zeros (a fresh start, before `reencode`)."""
-        opt = self._opt
-        names = {v.op.name for parity in opt.parity.values() for v in parity.values()}
-        names |= {r.op.name for reps in opt.replicas.values() for r in reps}
+        names = self._opt.redundancy_names()
         allocs = [op for name, op in self._alloc.items() if name in names]
         if allocs:
             sess.run(allocs, options=options)

@@ -129,8 +129,8 @@ class RecoveryResult:
       seconds: wall time of the decision and the rebuild.
       global_step: the global step after it.
       phases: seconds of each part of `seconds`, in order (the profile of a
-        recovery: "inspect", "settle", "allocate", "copy_dense", "views",
-        "rebuild", "mark", ...).
+        recovery: "inspect", "settle", "t0" or "rebuild", "generation",
+        "mark", "read_step"; "restore" and "reencode" for a checkpoint).
     """
 
     method: str
@@ -238,8 +238,7 @@ class RecoveryPlan:
         walk (`_initialise`), so no PS holds its whole share of initial
         values, their encodings and the variables at once.
         """
-        derived = {v.op.name for parity in optimizer.parity.values() for v in parity.values()}
-        derived |= {r.op.name for reps in optimizer.replicas.values() for r in reps}
+        derived = optimizer.redundancy_names()
         batches: list[list[tf.Variable]] = [[]]
         size = 0
         for v in variables:
