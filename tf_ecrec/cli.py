@@ -216,7 +216,7 @@ def _verify(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from tf_ecrec.inspect import read_manifest, read_variables
+    from tf_ecrec.inspect import PsReader, read_manifest
     from tf_ecrec.launcher.task import MANIFEST_FILE
     from tf_ecrec.verify import check_parity
 
@@ -226,7 +226,8 @@ def _verify(args: argparse.Namespace) -> int:
     ps = args.ps.split(",") if args.ps else manifest.get("ps")
     if not ps:
         raise ConfigError("no PS addresses: pass --ps; source: --ps")
-    result = check_parity(manifest["ec"], read_variables(manifest["variables"], ps, args.timeout))
+    with PsReader(manifest["variables"], ps, args.timeout) as reader:
+        result = check_parity(manifest["ec"], reader)
     print(json.dumps(result, indent=1))
     return 0 if result["mismatches"] == 0 and result["replica_mismatches"] == 0 else 1
 

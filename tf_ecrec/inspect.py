@@ -7,6 +7,8 @@ session on a PS's server (only PS devices visible) and reads each variable
 through a handle with the variable's shared name on its device.  No model
 code, no checkpoint, no participation in training is needed, which is what
 the launcher's final digest, ``tf-ecrec verify`` and recovery build on.
+Everything reads through a `PsReader` in slices of at most `READ_BYTES`, so
+digesting or verifying a model of many GB needs a few hundred MB here.
 
 The digest (`variables_digest`) is a SHA-256 over every model variable in
 name order: name, dtype, shape and raw bytes.  Two runs that end with the
@@ -65,7 +67,127 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
-READ_BYTES = 256 << 20  # bytes per read of `read_variables`
+READ_BYTES = 256 << 20  # bytes per session call of a `PsReader` (and per slice of a variable)
+
+class ArrayReader:
+    """The `PsReader` interface over variables already in memory (tests, the fault-schedule harness)."""
+
+    def __init__(self, values: Mapping[str, np.ndarray]) -> None:
+        self._values = values
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(np.shape(self._values[name]))
+
+    def dtype(self, name: str) -> np.dtype:
+        return np.asarray(self._values[name]).dtype
+
+    def read(self, requests: Sequence[tuple[str, Any]]) -> list[np.ndarray]:
+        return [np.asarray(self._values[n]) if rows is None else np.asarray(self._values[n])[rows] for n, rows in requests]
+
+
+class PsReader:
+    """Rows of the manifest's variables, read from the live PS tasks in bounded calls.
+
+    Each variable gets two ops on its own PS: a whole read and a gather of fed
+    row indices (`ResourceGather` copies only the rows asked for; a whole
+    `ReadVariableOp` on a table that sparse ops touched copies all of it on
+    the PS first).  `read` serves any list of (variable, rows) in one session
+    call, so a caller bounds its memory by what it asks for at once; callers
+    keep each call under `READ_BYTES` (gRPC cannot carry a message over 2 GB).
+    The session reaches the PS tasks through the addresses it carries
+    (ClusterSpec propagation): a PS's own cluster spec may name a peer at an
+    address it has left (``--restart-at new-port``).
+
+    Raises (from the constructor and `read`):
+      RecoveryError: a PS cannot be reached or a variable is missing or
+        uninitialised on it, before `timeout_secs`.
+    """
+
+    def __init__(self, records: Sequence[Mapping[str, Any]], ps_addresses: Sequence[str], timeout_secs: float = 60.0) -> None:
+        import tensorflow as tf
+
+        self._ps = list(ps_addresses)
+        self._records = {r["name"]: r for r in records}
+        self._graph = tf.Graph()
+        self._whole: dict[str, Any] = {}
+        self._gather: dict[str, tuple[Any, Any]] = {}
+        with self._graph.as_default():
+            for r in records:
+                if not r["device"].startswith("/job:ps"):
+                    raise ConfigError(f"variable {r['name']} lives on {r['device']!r}, not on a PS; source: manifest")
+                dtype = tf.as_dtype(r["dtype"])
+                with tf.device(r["device"]):
+                    handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=r["shape"], shared_name=r["name"], container="")
+                    self._whole[r["name"]] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                    if r["shape"]:
+                        rows = tf.compat.v1.placeholder(tf.int32, [None])
+                        self._gather[r["name"]] = (rows, tf.raw_ops.ResourceGather(resource=handle, indices=rows, dtype=dtype))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{s.getsockname()[1]}"
+        self._server = own_server(address)
+        config = propagated_config({"ps": self._ps, "reader": [address]}, timeout_secs)
+        self._session = tf.compat.v1.Session(self._server.target, graph=self._graph, config=config)
+
+    def __enter__(self) -> PsReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._records[name]["shape"])
+
+    def dtype(self, name: str) -> np.dtype:
+        import tensorflow as tf
+
+        return np.dtype(tf.as_dtype(self._records[name]["dtype"]).as_numpy_dtype)
+
+    def read(self, requests: Sequence[tuple[str, Any]]) -> list[np.ndarray]:
+        """The values of each (variable, rows) request; rows None reads the whole variable."""
+        import tensorflow as tf
+
+        out: list[Any] = [None] * len(requests)
+        pending = list(enumerate(requests))
+        while pending:  # a session call fetches each op once: a variable asked twice takes two calls
+            fetches, feeds, taken, seen, later = [], {}, [], set(), []
+            for i, (name, rows) in pending:
+                if name in seen:
+                    later.append((i, (name, rows)))
+                    continue
+                seen.add(name)
+                taken.append(i)
+                if rows is None or name not in self._gather:
+                    fetches.append(self._whole[name])
+                else:
+                    ph, op = self._gather[name]
+                    feeds[ph] = np.asarray(rows, np.int32)
+                    fetches.append(op)
+            try:
+                values = self._session.run(fetches, feeds)
+            except tf.errors.OpError as exc:
+                raise RecoveryError(
+                    f"cannot read {len(fetches)} variables from PS {self._ps} ({exc.message.splitlines()[0]}); "
+                    "is every PS up and initialised?"
+                ) from exc
+            for i, value in zip(taken, values):
+                out[i] = np.asarray(value)
+            pending = later
+        return out
+
+
+def row_slices(rows: int, row_bytes: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """[lo, hi) ranges covering `rows` rows of `row_bytes` each, at most `budget` bytes apiece."""
+    step = max(1, (budget or READ_BYTES) // max(1, row_bytes))
+    return [(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
+
+
+def _row_bytes(reader: Any, name: str) -> int:
+    shape = reader.shape(name)
+    return int(np.prod(shape[1:], dtype=np.int64)) * reader.dtype(name).itemsize
 
 
 def read_variables(
@@ -73,87 +195,76 @@ def read_variables(
     ps_addresses: Sequence[str],
     timeout_secs: float = 60.0,
 ) -> dict[str, np.ndarray]:
-    """Current values of the manifest's variables, read from the PS tasks.
+    """Current values of the manifest's variables, read from the PS tasks into memory.
+
+    The whole model ends up in this process: for a large model, use a `PsReader`
+    and read what is needed in bounded slices (`streamed_digest`,
+    `tf_ecrec.verify.check_parity` do).
 
     Raises:
       RecoveryError: a PS cannot be reached or a variable is missing or
         uninitialised on it, before `timeout_secs`.
     """
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    # Each variable is read in row slices of at most READ_BYTES: a response over gRPC's 2 GB message
-    # limit cannot be serialized, and tables of a few GB hold variables that large.
-    parts: dict[str, list[Any]] = {}
-    part_bytes: dict[Any, int] = {}
-    where: dict[Any, tuple[str, int | None, list[int], Any]] = {}  # read -> (variable, first row or None: whole, shape, dtype)
-    with graph.as_default():
+    with PsReader(records, ps_addresses, timeout_secs) as reader:
+        out: dict[str, np.ndarray] = {}
+        small: list[str] = []
         for r in records:
-            if not r["device"].startswith("/job:ps"):
-                raise ConfigError(f"variable {r['name']} lives on {r['device']!r}, not on a PS; source: manifest")
-            with tf.device(r["device"]):
-                dtype = tf.as_dtype(r["dtype"])
-                handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=r["shape"], shared_name=r["name"], container="")
-                value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
-                shape = [int(d) for d in r["shape"]]
-                row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.size if shape else dtype.size
-                if not shape or shape[0] * row_bytes <= READ_BYTES:
-                    parts[r["name"]] = [value]
-                    part_bytes[value] = max(1, shape[0] if shape else 1) * row_bytes
-                    where[value] = (r["name"], None, shape, dtype.as_numpy_dtype)
-                    continue
-                step = max(1, READ_BYTES // max(1, row_bytes))
-                parts[r["name"]] = [value[lo : min(lo + step, shape[0])] for lo in range(0, shape[0], step)]
-                for i, part in enumerate(parts[r["name"]]):
-                    part_bytes[part] = step * row_bytes
-                    where[part] = (r["name"], i * step, shape, dtype.as_numpy_dtype)
-    # The reader's own server, and the PS addresses carried by the session (ClusterSpec
-    # propagation, state shared with the trainers): the PS tasks' own cluster specs may name a
-    # PS at an address it has left (--restart-at new-port).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    server = own_server(address)
-    config = propagated_config({"ps": list(ps_addresses), "reader": [address]}, timeout_secs)
-    target = server.target
-    # Slices go straight into each variable's array as they arrive: no second copy of the model.
-    out: dict[str, np.ndarray] = {}
-    batches: list[list[Any]] = [[]]
-    size = 0
-    for fetch in (f for fs in parts.values() for f in fs):
-        if batches[-1] and size + part_bytes[fetch] > READ_BYTES:
-            batches.append([])
-            size = 0
-        batches[-1].append(fetch)
-        size += part_bytes[fetch]
-    try:
-        with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
-            for batch in batches:
-                for fetch, value in zip(batch, sess.run(batch)):
-                    name, lo, shape, dtype = where[fetch]
-                    if lo is None:  # the whole variable in one read
-                        out[name] = value
-                        continue
-                    if name not in out:
-                        out[name] = np.empty(shape, dtype)
-                    out[name][lo : lo + value.shape[0]] = value
-    except tf.errors.OpError as exc:
-        raise RecoveryError(
-            f"cannot read {len(records)} variables from PS {list(ps_addresses)} ({exc.message.splitlines()[0]}); "
-            "is every PS up and initialised?"
-        ) from exc
-    return {name: out[name] for name in parts}
+            shape = reader.shape(r["name"])
+            if not shape or shape[0] * _row_bytes(reader, r["name"]) <= READ_BYTES:
+                small.append(r["name"])
+                continue
+            out[r["name"]] = value = np.empty(shape, reader.dtype(r["name"]))
+            for lo, hi in row_slices(shape[0], _row_bytes(reader, r["name"])):
+                value[lo:hi] = reader.read([(r["name"], np.arange(lo, hi))])[0]
+        batch: list[str] = []
+        size = 0
+        for name in small + [None]:  # whole reads of small variables, several per call
+            nbytes = 0 if name is None else int(np.prod(reader.shape(name), dtype=np.int64)) * reader.dtype(name).itemsize
+            if batch and (name is None or size + nbytes > READ_BYTES):
+                out.update(zip(batch, reader.read([(n, None) for n in batch])))
+                batch, size = [], 0
+            if name is not None:
+                batch.append(name)
+                size += nbytes
+    return {r["name"]: out[r["name"]] for r in records}
+
+
+def _digest_header(h: Any, name: str, dtype: np.dtype, shape: Sequence[int]) -> None:
+    h.update(name.encode())
+    h.update(b"\0" + str(dtype).encode() + b"\0" + repr(tuple(shape)).encode() + b"\0")
 
 
 def variables_digest(values: Mapping[str, np.ndarray]) -> str:
     """SHA-256 hex digest of variables in canonical (name) order."""
     h = hashlib.sha256()
     for name in sorted(values):
-        v = np.ascontiguousarray(values[name])
-        h.update(name.encode())
-        h.update(b"\0" + str(v.dtype).encode() + b"\0" + repr(tuple(v.shape)).encode() + b"\0")
-        h.update(v.tobytes())
+        v = np.asarray(values[name])
+        _digest_header(h, name, v.dtype, v.shape)
+        h.update(np.ascontiguousarray(v).tobytes())
     return h.hexdigest()
+
+
+def streamed_digest(reader: Any, names: Iterable[str]) -> tuple[str, int]:
+    """`variables_digest` of the named variables, read in row slices: (digest, bytes read).
+
+    Equal to `variables_digest` of the same values held in memory; no more
+    than one slice of `READ_BYTES` is held at a time.
+    """
+    h = hashlib.sha256()
+    total = 0
+    for name in sorted(names):
+        shape, dtype = reader.shape(name), reader.dtype(name)
+        _digest_header(h, name, dtype, shape)
+        if not shape:
+            value = np.ascontiguousarray(reader.read([(name, None)])[0])
+            h.update(value.tobytes())
+            total += value.nbytes
+            continue
+        for lo, hi in row_slices(shape[0], _row_bytes(reader, name)):
+            value = np.ascontiguousarray(reader.read([(name, np.arange(lo, hi))])[0])
+            h.update(value.tobytes())
+            total += value.nbytes
+    return h.hexdigest(), total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,22 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     manifest = read_manifest(args.manifest)
-    values = read_variables(manifest["variables"], args.ps.split(","), args.timeout)
     out: dict[str, Any] = {}
-    model = values
-    if "ec" in manifest:
-        from tf_ecrec.verify import check_parity, redundancy_names
+    names = [r["name"] for r in manifest["variables"]]
+    with PsReader(manifest["variables"], args.ps.split(","), args.timeout) as reader:
+        if "ec" in manifest:
+            from tf_ecrec.verify import check_parity, redundancy_names
 
-        out["parity"] = check_parity(manifest["ec"], values)
-        redundant = redundancy_names(manifest["ec"])
-        model = {k: v for k, v in values.items() if k not in redundant}
-    out.update(
-        {
-            "variables_sha256": variables_digest(model),
-            "variables": len(model),
-            "bytes": int(sum(v.nbytes for v in model.values())),
-        }
-    )
+            out["parity"] = check_parity(manifest["ec"], reader)
+            redundant = redundancy_names(manifest["ec"])
+            names = [n for n in names if n not in redundant]
+        digest, nbytes = streamed_digest(reader, names)
+    out.update({"variables_sha256": digest, "variables": len(names), "bytes": nbytes})
     print(json.dumps(out))
     return 0
 

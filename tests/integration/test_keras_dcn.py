@@ -12,6 +12,11 @@ graphs alone.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,10 +31,10 @@ from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
-from tf_ecrec.inspect import read_manifest, read_variables
+from tf_ecrec.inspect import read_manifest, read_variables, variables_digest
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
 from tf_ecrec.model_fn import ec_model_fn
-from tf_ecrec.verify import check_parity
+from tf_ecrec.verify import check_parity, redundancy_names
 
 ps_cluster = tf_cluster(num_ps=3)
 
@@ -170,6 +175,27 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert set(values) == _covered(meta)
     assert runs.runs == 6 and values["global_step"] == 6 and _replica_values(values, meta, "global_step") == [6, 6]
     assert runs.records == [BATCH] * 6  # with_data_accounting counted every batch
+
+    # The same checks from outside the job, in bounded slices from the live PS tasks: `tf-ecrec verify`
+    # and the launcher's end-of-job digest (`python -m tf_ecrec.inspect`), a small budget splitting stripes.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    ps = ",".join(cluster.ps_addresses)
+    verify = subprocess.run(
+        [sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", str(tmp_path), "--ps", ps],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert verify.returncode == 0, verify.stderr[-2000:]
+    assert json.loads(verify.stdout) == result
+    digest = subprocess.run(
+        [sys.executable, "-c", "import sys, tf_ecrec.inspect as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
+         str(tmp_path / "variables.json"), ps],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert digest.returncode == 0, digest.stderr[-2000:]
+    out = json.loads(digest.stdout.strip().splitlines()[-1])
+    model = {n: v for n, v in values.items() if n not in redundancy_names(meta)}
+    assert out["parity"] == result
+    assert out["variables_sha256"] == variables_digest(model) and out["variables"] == len(model)
 
 
 def test_plain_dcn_trains_keras_embeddings_spread_over_the_ps_tasks(cluster, tmp_path):
