@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import placement
+from tf_ecrec import placement, unfolded
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
@@ -252,7 +252,7 @@ def _masked(init: Callable[..., Any], real_rows: Sequence[int], chunk_rows: int,
     def initializer(shape: Any, dtype: Any = tf.float32, partition_info: Any = None) -> tf.Tensor:
         with tf.compat.v1.device(ps_device(task)):
             values = init(shape, dtype=dtype)
-            local = tf.range(shape[0], dtype=tf.int64)
+            local = unfolded.row_numbers(int(shape[0]))
             real = (local % chunk_rows) < tf.gather(tf.constant(real_rows, tf.int64), local // chunk_rows)
             return tf.where(real[:, None], values, tf.constant(0, values.dtype))
 

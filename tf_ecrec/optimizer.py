@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, failpoints, placement, steplog
+from tf_ecrec import codec, failpoints, placement, steplog, unfolded
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.device import on_ps, ps_device
@@ -343,7 +343,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 for slot_name, initial in self.rule.slots:
                     slots.append(
                         tf.compat.v1.Variable(
-                            tf.fill(tf.shape(var.initial_value), tf.constant(initial, tf.float32)),
+                            unfolded.filled(var.shape.as_list(), initial, tf.float32),
                             name=f"{var.op.name}/{slot_name}",
                             trainable=False,
                             use_resource=True,

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, placement
+from tf_ecrec import codec, placement, unfolded
 from tf_ecrec.embedding import EmbeddingCollection, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import ECOptimizer
@@ -292,10 +292,9 @@ class Rebuilder:
 
     @staticmethod
     def _zeros_into(var: tf.Variable) -> tf.Operation:
-        """Creates `var` on its PS as zeros of its shape (a shape fed at run time cannot be folded into a constant)."""
+        """Creates `var` on its PS as zeros of its shape, made when the op runs (`tf_ecrec.unfolded`)."""
         with tf.compat.v1.device(var.device):
-            dims = tf.compat.v1.placeholder_with_default(tf.constant(var.shape.as_list(), tf.int64), [var.shape.rank])
-            zeros = tf.fill(dims, tf.constant(0, var.dtype.base_dtype))
+            zeros = unfolded.filled(var.shape.as_list(), 0, var.dtype.base_dtype)
             return tf.raw_ops.AssignVariableOp(resource=var.handle, value=zeros, name="alloc")
 
     def _dense_copies(self) -> dict[tuple[str, str], tf.Operation]:
