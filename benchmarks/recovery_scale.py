@@ -34,6 +34,8 @@ CONFIGS = {
     "ckpt-200": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "200"],
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-2+1-spare": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1"],
+    # The rebuild walks 30% of the time and leaves the rest to training: a longer rebuild, more throughput in it.
+    "ecrec-2+1-spare-share0.3": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1", "--rebuild-share", "0.3"],
 }
 TABLES, DIM, SLOTS = 26, 16, 1  # the DLRM example; Adagrad keeps one slot per value
 
@@ -117,7 +119,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="30000,300000,1200000", help="rows per table, comma-separated")
-    parser.add_argument("--configs", default="ckpt-500,ecrec-2+1,ecrec-2+1-spare")
+    parser.add_argument("--configs", default="ckpt-500,ecrec-2+1,ecrec-2+1-spare,ecrec-2+1-spare-share0.3")
     parser.add_argument("--ps", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1500)

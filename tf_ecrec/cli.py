@@ -94,6 +94,15 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "PS (smaller slices interleave more finely with training)",
     )
     p.add_argument(
+        "--rebuild-share",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="fraction of the time the background rebuild walks its slices (0 < F <= 1); the rest is left to "
+        "training, so a lower share trades a longer rebuild for throughput while it runs (rows a lookup asks "
+        "for are installed at once, whatever the share)",
+    )
+    p.add_argument(
         "--session-timeout",
         type=float,
         default=10.0,
@@ -168,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         restart_at=args.restart_at,
         spare_ps=args.spare_ps,
         rebuild_slice_mb=args.rebuild_slice_mb,
+        rebuild_share=args.rebuild_share,
         session_timeout=args.session_timeout,
         base_port=args.base_port,
         master=args.master,

@@ -36,7 +36,7 @@ ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 
 
 def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
-                rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES) -> ModelFn:
+                rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES, rebuild_share: float = 1.0) -> ModelFn:
     """Wraps `model_fn` so its tables and optimizer are protected by `ec`.
 
     In training mode the wrapper also owns the EstimatorSpec's Scaffold
@@ -44,7 +44,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     rebuilt when the chief re-creates its session (`tf_ecrec.recovery`).
     `recovery_listener` is called with every `RecoveryResult`;
     `rebuild_slice_bytes` is the bytes of a lost chunk a rebuild moves per
-    session call (`tf_ecrec.rebuild`).
+    session call (`tf_ecrec.rebuild`); `rebuild_share` the fraction of the
+    time a background rebuild walks its slices (`RecoveryPlan`).
 
     Raises (when the Estimator calls the model_fn):
       ConfigError: the cluster has fewer than k + r PS tasks, or a protected
@@ -68,7 +69,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             optimizer = _check_protected()
             timeout_ms = getattr(config.session_config, "operation_timeout_in_ms", 0) if config.session_config else 0
             plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir,
-                                slice_bytes=rebuild_slice_bytes,
+                                slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold, chief=bool(config.is_chief)),

@@ -584,11 +584,18 @@ class BackgroundRebuild:
 
     # ---- threads ---------------------------------------------------------------------------
 
-    def start(self, sess: tf.compat.v1.Session, on_done: Any = None, walkers: int | None = None) -> None:
+    def start(self, sess: tf.compat.v1.Session, on_done: Any = None, walkers: int | None = None,
+              share: float = 1.0) -> None:
         """Runs the loops on threads: the wanted rows', and `walkers` (default `WALKERS`) walking the slices
         (slices in flight together overlap one's transfer with another's decoding); `on_done(self)` after
-        `finish`, from the last walking thread."""
+        `finish`, from the last walking thread.
+
+        With `share` < 1 each walker pauses after a slice for ``(1 - share) / share`` times as long as the
+        slice took, so the walk holds the PS tasks for about `share` of the time and training has the rest;
+        the wanted rows' loop never pauses (a lookup waiting for a row is training waiting).
+        """
         walkers = WALKERS if walkers is None else int(walkers)
+        pause = (1.0 - share) / share
 
         def wanted() -> None:
             while not self._stop.is_set() and not self.walked:
@@ -602,8 +609,12 @@ class BackgroundRebuild:
 
         def walk() -> None:
             try:
-                while not self._stop.is_set() and self.install_next_slice(sess):
-                    pass
+                while not self._stop.is_set():
+                    began = time.perf_counter()
+                    if not self.install_next_slice(sess):
+                        break
+                    if pause > 0:
+                        self._stop.wait(pause * (time.perf_counter() - began))
                 with self._lock:
                     walking[0] -= 1
                     last = walking[0] == 0

@@ -193,14 +193,21 @@ class RecoveryPlan:
       ready_wait_secs: how long one ready check of a worker waits on the PS
         for the state to be whole (keep it under the session's operation
         timeout, which cuts any call).
+      rebuild_share: the fraction of the time a background rebuild walks
+        its slices, in (0, 1]: below 1 the walk pauses after each slice
+        for as long as the slice took, scaled, leaving the PS tasks' CPU to
+        training (`BackgroundRebuild.start`).
     """
 
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
                  slice_bytes: int = DEFAULT_SLICE_BYTES, background: bool = True,
-                 ready_wait_secs: float = READY_WAIT_SECS) -> None:
+                 ready_wait_secs: float = READY_WAIT_SECS, rebuild_share: float = 1.0) -> None:
         if not ready_wait_secs >= 0:
             raise ConfigError(f"ready_wait_secs={ready_wait_secs!r}; rule: >= 0; source: RecoveryPlan(ready_wait_secs=)")
         self._ready_wait_secs = float(ready_wait_secs)
+        if not 0 < rebuild_share <= 1:
+            raise ConfigError(f"rebuild_share={rebuild_share!r}; rule: 0 < share <= 1; source: RecoveryPlan(rebuild_share=)")
+        self.rebuild_share = float(rebuild_share)
         self._opt = optimizer
         self.background = bool(background)
         self._job: BackgroundRebuild | None = None
@@ -462,7 +469,7 @@ class RecoveryPlan:
             self._job = job
             self._job_done = done
         if self.run_threads:
-            job.start(sess, on_done=done)
+            job.start(sess, on_done=done, share=self.rebuild_share)
 
     run_threads = True
     """Whether a background rebuild runs on threads; the fault-schedule harness sets it False and

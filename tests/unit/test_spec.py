@@ -32,6 +32,8 @@ def test_malformed_kill_is_a_config_error(text):
         ({"fault_tolerance": "magic"}, r"--fault-tolerance 'magic' is not one of"),
         ({"spare_ps": -1}, r"--spare-ps -1 must be an integer >= 0; source: --spare-ps"),
         ({"rebuild_slice_mb": 0}, r"--rebuild-slice-mb 0 must be > 0; source: --rebuild-slice-mb"),
+        ({"rebuild_share": 0.0}, r"--rebuild-share 0.0 must be in \(0, 1\]; source: --rebuild-share"),
+        ({"rebuild_share": 1.5}, r"--rebuild-share 1.5 must be in \(0, 1\]; source: --rebuild-share"),
         ({"storage": "sharded"}, r"--storage 'sharded' is not one of \('partitioned', 'collection'\); source: --storage"),
         ({"fault_tolerance": "ecrec", "storage": "partitioned"}, r"ecrec protects the collection storage only"),
         ({"fault_tolerance": "none", "ec": "4+1"}, r"--ec 4\+1 was given with --fault-tolerance none and partitioned tables"),

@@ -110,6 +110,9 @@ class JobSpec:
     - ``rebuild_slice_mb``: rows of a lost chunk moved per session call of
       a rebuild (`tf_ecrec.rebuild`): it bounds the rebuild's buffers on
       every PS; smaller slices interleave more finely with training.
+    - ``rebuild_share``: the fraction of the time a background rebuild
+      walks its slices (`tf_ecrec.rebuild.BackgroundRebuild`); below 1 it
+      pauses between slices and leaves the machine to training.
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -148,6 +151,7 @@ class JobSpec:
     restart_at: str = "same"
     spare_ps: int = 0
     rebuild_slice_mb: float = 16.0
+    rebuild_share: float = 1.0
     session_timeout: float = 10.0
     base_port: int = 0
     master: bool = True
@@ -197,6 +201,7 @@ class JobSpec:
         )
         _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
+        _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
         _check(
             self.fault_tolerance in FAULT_TOLERANCE,

@@ -174,7 +174,8 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
         if link is not None:  # the chief's shard-progress rollback follows the recovery's method
             recovery = link.recovery_listener(recovery)
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
-                               rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))))
+                               rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
+                               rebuild_share=job.rebuild_share)
     else:
         from tf_ecrec.recovery import long_deadline_model_fn
 
