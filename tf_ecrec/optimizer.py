@@ -232,11 +232,12 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             # op's predecessors as control dependencies (PS to PS, no hop through
             # the worker). Feeding a gate runs its op alone (the fault-schedule
             # harness drives steps that way).
-            # Phase 3: count the step.
+            # Phase 3: count the step, once every apply is done, in parallel with the folds (a counted
+            # step whose folds are cut is finished by settlement, not undone: docs/settlement.md).
             counts: dict[int, tuple[tf.Tensor, tf.Operation]] = {}
             if global_step is not None:
-                counts = self._increment(global_step, after_fold)
-            counted = [op for _, op in counts.values()] or after_fold
+                counts = self._increment(global_step, after_apply or [a.seq for a in applied])
+            counted = [op for _, op in counts.values()] + after_fold
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
             # their applies), then round 2 everywhere (tf_ecrec.steplog).
             round1 = {}
@@ -414,25 +415,21 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
         def fold() -> list[tf.Operation]:
             updates = []
-            with tf.device(var.device):
-                lc = indices // coll.chunk_rows
-                for route in self._routes_of(coll, p):
-                    sel = tf.reduce_any(tf.equal(lc[:, None], tf.constant(route.local_chunks)[None, :]), axis=1)
-                    sel_idx = tf.boolean_mask(indices, sel)
-                    prow = (
-                        tf.gather(tf.constant(route.parity_base), sel_idx // coll.chunk_rows)
-                        + sel_idx % coll.chunk_rows
-                    )
-                    sel_delta = tf.boolean_mask(delta, sel)
-                    target = parity[route.ps]
-                    ptid = self._target(target.op.name, route.ps, [target], "parity")
-                    with tf.device(ps_device(route.ps)):
-                        updates.append(
-                            ec_ops.parity_update(
-                                target, prow, sel_delta, coef=route.coef,
-                                **self._logged(route.ps, ptid, source=tid, source_seq=seq),
-                            )
+            routes = self._routes_of(coll, p)
+            with tf.device(var.device):  # one op splits the delta by route, on the data's PS
+                split = ec_ops.route_deltas(
+                    indices, delta, np.stack([route.parity_base for route in routes]), coll.chunk_rows
+                )
+            for route, (prow, sel_delta) in zip(routes, split):
+                target = parity[route.ps]
+                ptid = self._target(target.op.name, route.ps, [target], "parity")
+                with tf.device(ps_device(route.ps)):
+                    updates.append(
+                        ec_ops.parity_update(
+                            target, prow, sel_delta, coef=route.coef,
+                            **self._logged(route.ps, ptid, source=tid, source_seq=seq),
                         )
+                    )
             return updates
 
         return _Applied(delta, var.device, fold, tid, seq, indices)

@@ -251,3 +251,26 @@ def test_parity_update_errors_leave_parity_untouched() -> None:
         np.testing.assert_array_equal(sess.run(parity), np.arange(12).reshape(4, 3))
         sess.run(update, good)
         assert sess.run(parity)[3, 0] == 9 ^ 3
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_route_deltas_splits_an_apply_by_route_like_masks_do(index_dtype) -> None:
+    # The op replaces, per route, a mask of the rows whose chunk folds there, a gather of the chunk's
+    # parity base and index arithmetic; the oracle is that computation in NumPy.
+    rng = np.random.default_rng(5)
+    chunk_rows, chunks, width = 7, 6, 3
+    bases = np.full([3, chunks], -1, np.int64)
+    bases[0, [0, 2, 5]] = [0, 7, 14]
+    bases[1, [1, 2]] = [21, 0]
+    bases[2, [3]] = [35]  # chunk 4 folds nowhere (a chunk of a stripe whose parity is elsewhere)
+    indices = rng.integers(0, chunks * chunk_rows, 40).astype(index_dtype)
+    delta = _random_words(rng, (40, width))
+    got = [(np.asarray(r), np.asarray(d)) for r, d in ec_ops.route_deltas(indices, delta, bases, chunk_rows)]
+    for j in range(3):
+        sel = bases[j, indices // chunk_rows] >= 0
+        np.testing.assert_array_equal(got[j][0], bases[j, indices[sel] // chunk_rows] + indices[sel] % chunk_rows)
+        np.testing.assert_array_equal(got[j][1], delta[sel])
+    empty = ec_ops.route_deltas(np.zeros([0], index_dtype), np.zeros([0, width], np.int32), bases, chunk_rows)
+    assert all(np.asarray(r).shape == (0,) and np.asarray(d).shape == (0, width) for r, d in empty)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="index 42 at position 1 is outside the 6 local chunks of 7 rows"):
+        ec_ops.route_deltas(np.array([3, 42], index_dtype), delta[:2], bases, chunk_rows)

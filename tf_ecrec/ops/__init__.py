@@ -908,6 +908,42 @@ def delta_log_undo(
     )
 
 
+def route_deltas(
+    indices: tf.Tensor,
+    delta: tf.Tensor,
+    bases: Union[np.ndarray, tf.Tensor],
+    chunk_rows: int,
+    name: Optional[str] = None,
+) -> list[tuple[tf.Tensor, tf.Tensor]]:
+    """One apply's deltas split by the parity route each row folds into (one op for all routes).
+
+    Local chunk ``c`` of the data variable holds rows ``[c * chunk_rows, (c + 1) * chunk_rows)``;
+    ``bases[j, c]`` is the first row of chunk ``c``'s parity on route ``j``, or -1 when the chunk does
+    not fold there.
+
+    Args:
+        indices: int32 or int64 ``[n]`` local rows of the data variable.
+        delta: int32 ``[n, W]``, from a ``sparse_apply_*_with_delta``.
+        bases: int64 ``[routes, chunks]``.
+        chunk_rows: Rows per local chunk.
+        name: Op name.
+
+    Returns:
+        For each route ``j``: (parity rows ``bases[j, c] + row % chunk_rows``, the delta rows), in input order.
+    """
+    bases = tf.convert_to_tensor(bases, dtype=tf.int64, name="bases")
+    num_routes = int(bases.shape[0])
+    rows, deltas = _ops.ec_rec_route_deltas(
+        indices=_indices(indices, "indices"),
+        delta=tf.convert_to_tensor(delta, dtype=tf.int32, name="delta"),
+        bases=bases,
+        chunk_rows=int(chunk_rows),
+        num_routes=num_routes,
+        name=name,
+    )
+    return list(zip(rows, deltas))
+
+
 def xor_rows(
     variables: Union[VariableLike, Sequence[VariableLike]],
     rows: tf.Tensor,

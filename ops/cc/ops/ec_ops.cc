@@ -500,5 +500,49 @@ not already hold for (sid, target, source), and nothing if `sid` was
 committed here: running the same finishing fold twice folds once.
 )doc");
 
+REGISTER_OP("EcRec>RouteDeltas")
+    .Input("indices: Tindices")
+    .Input("delta: int32")
+    .Input("bases: int64")
+    .Attr("chunk_rows: int >= 1")
+    .Attr("num_routes: int >= 1")
+    .Attr("Tindices: {int32, int64} = DT_INT64")
+    .Output("rows: num_routes * int64")
+    .Output("deltas: num_routes * int32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle indices;
+      ShapeHandle delta;
+      ShapeHandle bases;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &indices));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &delta));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &bases));
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(indices, 0), c->Dim(delta, 0), &n));
+      int num_routes;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_routes", &num_routes));
+      DimensionHandle routes;
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(bases, 0), num_routes, &routes));
+      for (int j = 0; j < num_routes; ++j) {
+        c->set_output(j, c->Vector(c->UnknownDim()));
+        c->set_output(num_routes + j,
+                      c->Matrix(c->UnknownDim(), c->Dim(delta, 1)));
+      }
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Splits one apply's deltas by the parity they fold into: one op on the data's
+PS instead of a mask, gather and index arithmetic per route.
+
+`indices` are local rows of a data variable whose local chunk i holds rows
+[i * chunk_rows, (i + 1) * chunk_rows); `delta` their words (from an
+EcRec>SparseApply*WithDelta op). Row j of `bases` is route j: for each local
+chunk, the first row of its stripe's parity chunk on the route's PS, or -1
+when the chunk does not fold there. Output j holds, in input order, the
+parity rows bases[j, c] + indices[i] % chunk_rows and delta rows of every i
+whose chunk c = indices[i] / chunk_rows has bases[j, c] >= 0, ready for
+EcRec>ParityUpdateLogged on the route's PS with its coefficient. An index
+outside the chunks of `bases` is an InvalidArgument.
+)doc");
+
 }  // namespace ec_rec
 }  // namespace tensorflow
