@@ -232,12 +232,13 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             # op's predecessors as control dependencies (PS to PS, no hop through
             # the worker). Feeding a gate runs its op alone (the fault-schedule
             # harness drives steps that way).
-            # Phase 3: count the step, once every apply is done, in parallel with the folds (a counted
-            # step whose folds are cut is finished by settlement, not undone: docs/settlement.md).
+            # Phase 3: count the step, after its folds.  Counting beside the folds was tried and
+            # reverted: a counted step is finished, so a data PS lost in its folds left the step kept
+            # on the survivors and rolled back on the lost PS (docs/settlement.md, Costs).
             counts: dict[int, tuple[tf.Tensor, tf.Operation]] = {}
             if global_step is not None:
-                counts = self._increment(global_step, after_apply or [a.seq for a in applied])
-            counted = [op for _, op in counts.values()] + after_fold
+                counts = self._increment(global_step, after_fold)
+            counted = [op for _, op in counts.values()] or after_fold
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
             # their applies), then round 2 everywhere (tf_ecrec.steplog).
             round1 = {}

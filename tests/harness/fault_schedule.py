@@ -308,16 +308,13 @@ class Sequence:
         for fold in folds:
             first = next(j for j, a in enumerate(order) if a == ("apply", fold[1][0]))
             order.insert(int(self.rng.integers(first + 1, len(order) + 1)), fold)
-        # Counts once every apply is done, anywhere among the folds still to run (the graph gates
-        # the count on the applies only: a step can be counted with its folds cut).
-        last_apply = max(j for j, a in enumerate(order) if a[0] == "apply")
-        for count in [("count", tid) for tid in p.counts]:
-            order.insert(int(self.rng.integers(last_apply + 1, len(order) + 1)), count)
+        tail = [("count", tid) for tid in p.counts]
+        self.rng.shuffle(tail)
         r1 = [("round1", q) for q in p.round1]
         self.rng.shuffle(r1)
         r2 = [("round2", q) for q in p.round2]
         self.rng.shuffle(r2)
-        return _Step(sid, {self.rig.ids: hot, p.sid: sid}, order + r1 + r2)
+        return _Step(sid, {self.rig.ids: hot, p.sid: sid}, order + tail + r1 + r2)
 
     def _advance(self, worker: _Worker) -> None:
         if worker.step is None:
