@@ -20,6 +20,10 @@ the variable is set when the graph is built, so they cost nothing otherwise):
 ``parity_ps_after_fold``
     on a parity PS, after it folded a delta, before the step's global step
     increment and commit.
+``ps_after_count``
+    on a data PS, once the step is counted (every copy of the global step)
+    and before its commit: the data PS dies with the whole step done but not
+    committed.
 ``worker_before_commit``
     on the worker, after every update of the step, before its commit.
 """
@@ -40,7 +44,7 @@ _LOG = logging.getLogger(__name__)
 
 ENV = "TF_ECREC_FAILPOINT"
 ENV_DIR = "TF_ECREC_FAILPOINT_DIR"
-POINTS = ("ps_after_apply", "worker_after_apply", "parity_ps_after_fold", "worker_before_commit")
+POINTS = ("ps_after_apply", "worker_after_apply", "parity_ps_after_fold", "ps_after_count", "worker_before_commit")
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)@(?P<task>(ps|worker|chief):\d+)@step=(?P<step>\d+)$")
 
 

@@ -238,7 +238,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             counts: dict[int, tuple[tf.Tensor, tf.Operation]] = {}
             if global_step is not None:
                 counts = self._increment(global_step, after_fold)
-            counted = [op for _, op in counts.values()] or after_fold
+            counted = self._failpoints_after_count(
+                [op for _, op in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
+            )
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
             # their applies), then round 2 everywhere (tf_ecrec.steplog).
             round1 = {}
@@ -334,6 +336,15 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         fp = failpoints.failpoint("worker_before_commit", "", step, folds)
         if fp is not None:
             deps.append(fp)
+        return deps
+
+    def _failpoints_after_count(self, counted: list[Any], devices: list[str], step: tf.Tensor) -> list[Any]:
+        deps = list(counted)
+        for device in devices if failpoints.armed() is not None else ():
+            if "/job:ps" in device:
+                fp = failpoints.failpoint("ps_after_count", device, step, counted)
+                if fp is not None:
+                    deps.append(fp)
         return deps
 
     # ---- protected embedding variables ------------------------------------------------------------------

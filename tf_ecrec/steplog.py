@@ -16,7 +16,8 @@ updates, each appended to its PS's delta log atomically with the write:
 3. **count**: +1 on the global step and its replicas (kind COUNTER);
 4. **commit, round 1** on every PS holding an apply of the step
    (`delta_log_commit_in_order`): waits until no earlier apply of another step
-   on the same variable is still in the log, then drops the step's applies;
+   on the same variable is still uncommitted in the log, then marks the step's
+   applies round-1 committed (they stay until round 2);
 5. **commit, round 2** on every PS (`delta_log_commit`), after round 1
    everywhere: drops the rest and refuses a fenced step, so a step whose
    ``session.run`` returned OK was never fenced.
@@ -37,13 +38,16 @@ B. for each variable of a lost PS, keep on every surviving parity exactly
    undo the folds above it.  Every surviving parity then holds the code of
    the same prefix of the lost variable's updates, so any k chunks decode
    the same valid state;
-C. settle each pending step on the survivors: a step committed somewhere (a
-   round-1 or round-2 commit happens only after all its updates) is only
-   committed; otherwise each apply is **undone** (its folds first, then the
-   apply, refused atomically if a later update of the variable exists) when
-   the step was not counted, else **finished** (the folds it is missing are
-   made with ``dedupe``: at most once, whoever runs them); a counted step's
-   missing counter increments are made the same way;
+C. settle each pending step on the survivors: a step committed by round 2
+   somewhere, or by round 1 somewhere with no data PS lost (round 1 happens
+   only after all its updates), is only committed; a step that keeps a part
+   on a lost PS (a fold at or below ``max_T``), or a counted one with no data
+   PS lost, is **finished** (the folds it is missing are made with
+   ``dedupe``: at most once, whoever runs them; its missing counter
+   increments the same way); any other is **undone** whole (folds first, then
+   the apply, each refused atomically if a later update of the variable
+   exists; then its count) if every apply of it is the newest of its
+   variable, else finished: with one trainer, a cut step ends whole;
 D. commit the settled steps, round 1 then round 2, bypassing the fence.
 
 Every action of C and D is logged under the step's own sid or removes its
@@ -243,10 +247,19 @@ class Reconciler:
         snaps = self._snapshots(sess, alive)
         pending_set = set(pending)
         round2 = {int(c) for s in snaps.values() for c in s.committed}
-        done = {sid for sid in pending if sid in round2 or any(s.is_data_committed(sid) for s in snaps.values())}
+        # Done: committed by round 2 somewhere alive, or by round 1 somewhere alive when no data PS was
+        # lost (its folds and count are then complete).  With a data PS lost, a step round-1 committed
+        # only on some PS tasks is not done: B rolls its lost part back, and C undoes the rest whole
+        # (round 1 leaves its applies in the logs until round 2 for that).
+        lost_data = any(t.kind == "data" and t.ps in lost for t in self.targets.values())
+        done = {
+            sid for sid in pending
+            if sid in round2 or (not lost_data and any(s.is_data_committed(sid) for s in snaps.values()))
+        }
         # B. folds of lost variables above the committed prefix are rolled back.
+        tops: dict[int, int] = {}
         if lost:
-            report.rolled_back = self._roll_back_lost_sources(sess, snaps, lost, pending_set, round2)
+            report.rolled_back, tops = self._roll_back_lost_sources(sess, snaps, lost, pending_set, round2)
             snaps = self._snapshots(sess, alive)
         # C. settle each step on the survivors.
         entries = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid in pending_set]
@@ -255,7 +268,7 @@ class Reconciler:
                 report.committed += 1
                 continue
             mine = [(p, e) for p, e in entries if e.sid == sid]
-            if self._settle_step(sess, snaps, sid, mine, alive):
+            if self._settle_step(sess, snaps, sid, mine, alive, self._keeps(mine, tops)):
                 report.undone += 1
             else:
                 report.finished += 1
@@ -279,12 +292,28 @@ class Reconciler:
         )
         return report
 
+    @staticmethod
+    def _keeps(mine: list[tuple[int, ec_ops.DeltaLogEntry]], tops: dict[int, int]) -> bool:
+        """Whether an uncommitted step is finished (kept) rather than undone where it can be.
+
+        Kept if part of it survives a lost PS for good (a fold of a lost variable at or below the
+        top B kept), or if it was counted and no data PS was lost (every fold it lacks can then be
+        made from its applies).  Otherwise a lost data PS's part of it is gone (B rolled it back):
+        the rest is undone where it is the newest update, so that the step is undone whole, not
+        kept on the survivors only (`tops` is empty when no data PS was lost)."""
+        kept = any(e.kind == ec_ops.FOLD and e.source in tops and e.source_seq <= tops[e.source] for _, e in mine)
+        counted = any(e.kind == ec_ops.COUNTER for _, e in mine)
+        return kept or (counted and not tops)
+
     def _roll_back_lost_sources(
         self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], lost: set[int],
         pending: set[int], round2: set[int],
-    ) -> int:
+    ) -> tuple[int, dict[int, int]]:
+        """Rolls every lost data variable's folds back to its committed prefix; returns the count of
+        fold entries undone and, per lost data variable, the top seq kept."""
         lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
         undone = 0
+        tops: dict[int, int] = {}
         for source in sorted(lost_sources):
             folds = [
                 (p, e) for p, s in snaps.items() for e in s.entries
@@ -294,30 +323,42 @@ class Reconciler:
             for _, e in folds:
                 if e.sid in round2:
                     top = max(top, e.source_seq)
-            for p, e in folds:
+            tops[source] = top
+            for p, e in sorted(folds, key=lambda pe: -pe[1].seq):
                 if e.source_seq > top:
                     sess.run(self._undo[e.target], {self._seq: e.seq})
                     undone += 1
-        return undone
+        return undone, tops
 
     def _settle_step(
         self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], sid: int,
-        mine: list[tuple[int, ec_ops.DeltaLogEntry]], alive: list[int],
+        mine: list[tuple[int, ec_ops.DeltaLogEntry]], alive: list[int], keep: bool,
     ) -> bool:
-        """Undoes or finishes one uncommitted step on the survivors; True if it was wholly undone."""
-        counted = any(e.kind == ec_ops.COUNTER for _, e in mine)
+        """Finishes (`keep`) or undoes one uncommitted step on the survivors, an update that is not
+        the newest of its variable being finished in any case; True if it was wholly undone."""
         applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.APPLY), key=lambda pe: -pe[1].seq)
-        all_undone = not counted
+        # Whole: undone only if every apply of it is the newest of its variable (else finished), so a
+        # step that another overtook on one variable is not undone on the others.
+        keep = keep or not all(self._undoable(snaps[p], e) for p, e in applies)
+        all_undone = not keep
         for p, e in applies:
             folds = [(q, f) for q, f in mine if f.kind == ec_ops.FOLD and f.source == e.target]
-            if not counted and self._undoable(snaps[p], e) and self._undo_apply(sess, e, folds):
+            if not keep and self._undo_apply(sess, e, folds):
                 continue
             all_undone = False
             self._finish_apply(sess, sid, e, alive)
-        if counted:
-            for tid, t in sorted(self.targets.items()):
-                if t.kind == "counter" and t.ps in alive:
-                    sess.run(self._add[tid], {self._sid: sid})
+        counts = [(p, e) for p, e in mine if e.kind == ec_ops.COUNTER]
+        if not counts:
+            return all_undone
+        if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):
+            if all([self._undo_apply(sess, e, []) for _, e in counts]):
+                return True
+        # Counted on every copy (the missing increments made, deduplicated): the step was finished, or
+        # it was undone but another step counted after it (the global step then runs one ahead of the
+        # whole steps; every variable still holds whole updates only, and the copies agree).
+        for tid, t in sorted(self.targets.items()):
+            if t.kind == "counter" and t.ps in alive:
+                sess.run(self._add[tid], {self._sid: sid})
         return all_undone
 
     @staticmethod

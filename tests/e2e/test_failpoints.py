@@ -43,6 +43,7 @@ def reference(tmp_path_factory):
         "ps_after_apply@ps:1@step=60",  # a data PS dies with its update applied, before any fold
         "worker_after_apply@chief:0@step=60",  # the worker dies between data and parity
         "parity_ps_after_fold@ps:2@step=60",  # a parity PS dies after folding
+        "ps_after_count@ps:1@step=60",  # a data PS dies with the step counted, before the commit
         "worker_before_commit@chief:0@step=60",  # the worker dies after every update, before the commit
     ],
 )

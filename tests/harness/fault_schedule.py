@@ -89,7 +89,7 @@ class Rig:
     """The graph of one sequence: model, optimizer, recovery plan, and per-PS destroy ops."""
 
     def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None,
-                 background: bool = False, rebuilder_cls: type | None = None) -> None:
+                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -148,11 +148,15 @@ class Rig:
 class Oracle:
     """Per row of each apply target: the states real updates took it through."""
 
-    def __init__(self, initial: dict[int, np.ndarray]) -> None:
+    def __init__(self, initial: dict[int, np.ndarray], atomic: bool = False) -> None:
         # tid -> row -> list of (words, sid that produced it or 0)
         self.history: dict[int, dict[int, list[tuple[np.ndarray, int]]]] = {
             tid: {row: [(words[row].copy(), 0)] for row in range(words.shape[0])} for tid, words in initial.items()
         }
+        # With `atomic` (one writer: nothing can overtake a step, so settlement can always undo a cut
+        # step whole), a step whose update was taken out of one row must not stay in any other.
+        self.atomic = atomic
+        self.dropped: set[int] = set()
 
     def applied(self, tid: int, rows: np.ndarray, delta: np.ndarray, sid: int) -> None:
         for i, row in enumerate(np.asarray(rows, dtype=np.int64)):
@@ -178,7 +182,13 @@ class Oracle:
                 lost_ok = [sid for _, sid in chain[match + 1 :] if sid in ok]
                 if lost_ok:
                     problems.append(f"{where}: target {tid} row {row} lost the update of OK step {lost_ok[0]}")
+                self.dropped.update(sid for _, sid in chain[match + 1 :])
                 del chain[match + 1 :]
+        if self.atomic:
+            kept = {sid for rows in self.history.values() for chain in rows.values() for _, sid in chain}
+            for sid in sorted((kept & self.dropped) - {0}):
+                problems.append(f"{where}: step {sid} was undone in some rows and kept in others (a partial step)")
+                self.dropped.discard(sid)
         return problems
 
 
@@ -235,12 +245,17 @@ class Sequence:
 
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
-                 background: bool = False, rebuilder_cls: type | None = None) -> None:
+                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.target = target
         self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls)
         self.ticks = ticks
+        # `atomic`: one worker that is never killed (one writer at a time), and the oracle also checks
+        # that every cut step is undone or kept whole (docs/settlement.md, "Steps whole").
+        if atomic and workers != 1:
+            raise ValueError("atomic sequences have one worker")
+        self.atomic = atomic
         self.workers = [_Worker(i, 0) for i in range(workers)]
         self.next_wid = workers
         self.generation = 0
@@ -255,7 +270,7 @@ class Sequence:
         tf.compat.v1.Session.reset(self.target)
         self.sess = tf.compat.v1.Session(self.target, graph=self.rig.graph)
         self.sess.run(self.rig.init)
-        self.oracle = Oracle(self.rig.read_words(self.sess))
+        self.oracle = Oracle(self.rig.read_words(self.sess), atomic=self.atomic)
         return self.sess
 
     def run(self) -> Stats:
@@ -277,7 +292,7 @@ class Sequence:
             self._install_slice()
         elif event in ("advance", "slice"):
             self._advance(self.workers[self.rng.integers(len(self.workers))])
-        elif event == "kill_worker":
+        elif event == "kill_worker" and not self.atomic:
             self._kill_worker()
         elif event == "stale":
             self._settle_dead()
@@ -500,11 +515,16 @@ class Sequence:
         self.rig.plan.reconciler.set_generation(self.sess, range(self.rig.num_ps), self.generation)
         self.stats.generation_bumps += 1
         for w in self.workers:
-            if self.rng.random() < 0.5:
+            if self.rng.random() < 0.5 and not self.atomic:  # a zombie would be a second writer
                 w.zombie = True  # still on the old cluster view
             else:
                 w.generation = self.generation  # rebuilt: its next step is of the new generation
         # a zombie stays a zombie until it is replaced (killed and restarted)
+        if self.atomic:
+            # As a real recovery does: it raises the generation and settles every step in flight
+            # before a trainer of the new generation writes (else the refused step and the next one
+            # are two writers).
+            self._full_settle("generation")
 
     # ---- checks ---------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class _NoRollback(steplog.Reconciler):
     """The old protocol's gap: a lost variable's parity keeps folds beyond the committed prefix."""
 
     def _roll_back_lost_sources(self, *args, **kwargs):
-        return 0
+        return 0, {}
 
 
 def undo_folds_of_lost_sources(reconciler, sess, snaps, lost, undo) -> int:
@@ -84,7 +84,7 @@ class _UndoUncountedFoldsOfLostSources(steplog.Reconciler):
 
     def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
         counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
-        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted)
+        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted), {}
 
 
 @pytest.mark.parametrize("broken", [_NoRollback, _UndoUncountedFoldsOfLostSources])
@@ -114,3 +114,27 @@ def test_the_oracle_catches_a_background_rebuild_that_decodes_from_current_words
                                          background=True, rebuilder_cls=_NoPreserveRebuilder, until_violation=True)
     assert stats.background_rebuilds >= 1
     assert stats.violations, "the harness found nothing wrong with a rebuild that decodes from moving words"
+
+
+@pytest.mark.parametrize("k,r,num_ps", [(2, 1, 3), (2, 2, 4)])
+def test_with_one_writer_every_cut_step_is_undone_or_kept_whole(cluster, k, r, num_ps):
+    # One worker, never killed: nothing overtakes a step, so every step cut by a failure (a PS lost
+    # anywhere in it, the chief restarting) must end wholly undone or wholly kept.
+    stats = fault_schedule.run_sequences(cluster.target("chief"), [500 + 10 * r + s for s in range(3)], k=k, r=r,
+                                         num_ps=num_ps, workers=1, atomic=True)
+    assert stats.violations == []
+    assert stats.steps_ok >= 20 and stats.ps_kills >= 2
+
+
+class _FinishCountedSteps(steplog.Reconciler):
+    """The earlier rule: a counted step is finished even when a lost data PS's part of it was rolled back."""
+
+    @staticmethod
+    def _keeps(mine, tops):
+        return steplog.Reconciler._keeps(mine, tops) or any(e.kind == 2 for _, e in mine)
+
+
+def test_the_atomic_oracle_catches_a_step_kept_on_the_survivors_only(cluster):
+    stats = fault_schedule.run_sequences(cluster.target("chief"), list(range(600, 610)), k=2, r=1, num_ps=3, workers=1,
+                                         atomic=True, reconciler_cls=_FinishCountedSteps, until_violation=True)
+    assert stats.violations, "the harness found nothing wrong with a protocol that keeps part of a step"

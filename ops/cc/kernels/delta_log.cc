@@ -224,7 +224,7 @@ Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready,
   std::map<int32_t, int64_t> first_other;  // target -> lowest seq of others
   std::map<int32_t, int64_t> first_mine;   // target -> lowest seq of mine
   for (const Entry& e : entries_) {
-    if (e.kind != kApply) continue;
+    if (e.kind != kApply || e.in_order_committed) continue;
     auto& first = mine.count(e.sid) != 0 ? first_mine : first_other;
     first.emplace(e.target, e.seq);
   }
@@ -240,10 +240,12 @@ Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready,
     for (int64_t sid : w.sids) {
       Remember(&data_committed_, &data_committed_set_, sid);
     }
-    RemoveSettledLocked([&](const Entry& e) {
-      return e.kind == kApply && mine.count(e.sid) != 0 &&
-             free_targets.count(e.target) != 0;
-    });
+    for (Entry& e : entries_) {
+      if (e.kind == kApply && mine.count(e.sid) != 0 &&
+          free_targets.count(e.target) != 0) {
+        e.in_order_committed = true;
+      }
+    }
     *progress = true;
   }
   *ready = free_targets.size() == first_mine.size();

@@ -38,9 +38,11 @@
 //
 // A step commits in two rounds (the protocol is in tf_ecrec/steplog.py).
 // Round 1, CommitInOrder, runs on every data PS once all the step's updates
-// are done: it waits until no kApply entry of another step precedes one of
-// the step's on the same target, then drops the step's kApply entries and
-// remembers the sid in the data-committed ring. Round 2, Commit, runs on
+// are done: it waits until no kApply entry of another step not yet committed
+// by its own round 1 precedes one of the step's on the same target, then marks
+// the step's kApply entries in_order_committed (they stay in the log, so that
+// a step whose round 1 ran on some PS tasks but not on a lost one can still be
+// undone whole) and remembers the sid in the data-committed ring. Round 2, Commit, runs on
 // every PS after round 1 everywhere: it drops the step's remaining entries
 // and remembers the sid in the committed ring (the last kCommittedCapacity
 // commits). A kFold entry dropped by Commit or Drop raises the source's
@@ -99,6 +101,10 @@ class DeltaLog : public ResourceBase {
     int32_t source = -1;
     int64_t source_seq = -1;
     Kind kind = kApply;
+    // A kApply entry that its step's round 1 committed here: it no longer
+    // holds back other steps' round 1, and stays (undoable, if it is still
+    // the newest of its target) until round 2 drops it.
+    bool in_order_committed = false;
     int64_t micros = 0;  // when it was appended
     std::vector<int64_t> rows;  // as given; may repeat
     Tensor delta;               // int32 [rows.size(), width]; never written
@@ -161,8 +167,9 @@ class DeltaLog : public ResourceBase {
   Status Commit(const std::vector<int64_t>& sids, bool bypass = true);
 
   // Round 1 of a step's commit: once no kApply entry of a sid outside `sids`
-  // precedes a kApply entry of `sids` on the same target, drops the kApply
-  // entries of `sids` and remembers them as data-committed, then calls
+  // (and not round-1 committed itself) precedes a kApply entry of `sids` on
+  // the same target, marks the kApply entries of `sids` in_order_committed and
+  // remembers the sids as data-committed, then calls
   // `done` (outside the log's mutex). Fails with Aborted if, meanwhile, a
   // sid is fenced (unless `bypass`), or after `timeout_ms`.  Returns the
   // wait's id for `Withdraw`, or -1 if `done` was called already.
