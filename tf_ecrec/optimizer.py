@@ -340,7 +340,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def _failpoints_after_count(self, counted: list[Any], devices: list[str], step: tf.Tensor) -> list[Any]:
         deps = list(counted)
-        for device in devices if failpoints.armed() is not None else ():
+        if failpoints.armed() is None:
+            return deps
+        for device in devices:
             if "/job:ps" in device:
                 fp = failpoints.failpoint("ps_after_count", device, step, counted)
                 if fp is not None:

@@ -251,15 +251,15 @@ class Reconciler:
         # lost (its folds and count are then complete).  With a data PS lost, a step round-1 committed
         # only on some PS tasks is not done: B rolls its lost part back, and C undoes the rest whole
         # (round 1 leaves its applies in the logs until round 2 for that).
-        lost_data = any(t.kind == "data" and t.ps in lost for t in self.targets.values())
+        lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
         done = {
             sid for sid in pending
-            if sid in round2 or (not lost_data and any(s.is_data_committed(sid) for s in snaps.values()))
+            if sid in round2 or (not lost_sources and any(s.is_data_committed(sid) for s in snaps.values()))
         }
         # B. folds of lost variables above the committed prefix are rolled back.
         tops: dict[int, int] = {}
-        if lost:
-            report.rolled_back, tops = self._roll_back_lost_sources(sess, snaps, lost, pending_set, round2)
+        if lost_sources:
+            report.rolled_back, tops = self._roll_back_lost_sources(sess, snaps, lost_sources, pending_set, round2)
             snaps = self._snapshots(sess, alive)
         # C. settle each step on the survivors.
         entries = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid in pending_set]
@@ -306,12 +306,11 @@ class Reconciler:
         return kept or (counted and not tops)
 
     def _roll_back_lost_sources(
-        self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], lost: set[int],
+        self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], lost_sources: set[int],
         pending: set[int], round2: set[int],
     ) -> tuple[int, dict[int, int]]:
-        """Rolls every lost data variable's folds back to its committed prefix; returns the count of
-        fold entries undone and, per lost data variable, the top seq kept."""
-        lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
+        """Rolls the folds of every lost data variable (`lost_sources`: target ids) back to its committed
+        prefix; returns the count of fold entries undone and, per lost data variable, the top seq kept."""
         undone = 0
         tops: dict[int, int] = {}
         for source in sorted(lost_sources):

@@ -70,9 +70,8 @@ class _NoRollback(steplog.Reconciler):
         return 0, {}
 
 
-def undo_folds_of_lost_sources(reconciler, sess, snaps, lost, undo) -> int:
-    """Undoes every logged fold of a lost PS's variables that `undo(entry, snaps)` picks."""
-    sources = {t for t, tg in reconciler.targets.items() if tg.kind == "data" and tg.ps in lost}
+def undo_folds_of_lost_sources(reconciler, sess, snaps, sources, undo) -> int:
+    """Undoes every logged fold of the lost data variables `sources` that `undo(entry, snaps)` picks."""
     picked = [e for s in snaps.values() for e in s.entries if e.kind == 1 and e.source in sources and undo(e, snaps)]
     for e in picked:
         sess.run(reconciler._undo[e.target], {reconciler._seq: e.seq})
@@ -82,9 +81,9 @@ def undo_folds_of_lost_sources(reconciler, sess, snaps, lost, undo) -> int:
 class _UndoUncountedFoldsOfLostSources(steplog.Reconciler):
     """The earlier rule for a lost data PS (case 5): undo the folds of steps not yet counted, keep the others."""
 
-    def _roll_back_lost_sources(self, sess, snaps, lost, pending, round2):
+    def _roll_back_lost_sources(self, sess, snaps, lost_sources, pending, round2):
         counted = {e.sid for s in snaps.values() for e in s.entries if e.kind == 2}
-        return undo_folds_of_lost_sources(self, sess, snaps, lost, lambda e, snaps: e.sid not in counted), {}
+        return undo_folds_of_lost_sources(self, sess, snaps, lost_sources, lambda e, snaps: e.sid not in counted), {}
 
 
 @pytest.mark.parametrize("broken", [_NoRollback, _UndoUncountedFoldsOfLostSources])
