@@ -21,8 +21,8 @@ multiply-adds the stock kernels do not fuse.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
@@ -85,7 +85,7 @@ def read_build_info(path: Path) -> dict[str, object]:
 
 def _required_tensorflow() -> str | None:
     text = (REPO_ROOT / "tf_ecrec" / "version.py").read_text(encoding="utf-8")
-    match = re.search(r'^REQUIRED_TENSORFLOW\s*=\s*"([^"]+)"', text, re.M)
+    match = re.search(r'^REQUIRED_TENSORFLOW\s*=\s*"([^"]+)"', text, re.MULTILINE)
     return match.group(1) if match else None
 
 

@@ -78,7 +78,7 @@ _LAZY = {
 }
 """Public name -> the module of this package that owns it."""
 
-__all__ = sorted(_LAZY)
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,15 @@ import numbers
 
 import tensorflow as tf
 
-from tf_ecrec.ops._inputs import FloatLike, IntLike, VariableLike, float_tensor, index_tensor, log_inputs, resource_handle
+from tf_ecrec.ops._inputs import (
+    FloatLike,
+    IntLike,
+    VariableLike,
+    float_tensor,
+    index_tensor,
+    log_inputs,
+    resource_handle,
+)
 from tf_ecrec.ops.loader import load_library
 
 __all__ = [
@@ -67,7 +75,8 @@ def sparse_apply_sgd_with_delta(
         indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat.
         lr: Learning rate, float32 scalar.
         name: Op name.
-        log: A :func:`~tf_ecrec.ops.delta_log_ops.delta_log` handle on ``var``'s device: run the logged
+        log: A delta log handle on ``var``'s device
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
             variant, which also appends the delta of each distinct row to it.
         sid: int64 step id of the logged update (with ``log``).
         target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
@@ -122,7 +131,8 @@ def sparse_apply_adagrad_with_delta(
         indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat.
         lr: Learning rate, float32 scalar.
         name: Op name.
-        log: A :func:`~tf_ecrec.ops.delta_log_ops.delta_log` handle on ``var``'s device: run the logged
+        log: A delta log handle on ``var``'s device
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
             variant, which also appends the delta of each distinct row to it.
         sid: int64 step id of the logged update (with ``log``).
         target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
@@ -206,7 +216,8 @@ def sparse_apply_adam_with_delta(
         beta2: float32 scalar.
         epsilon: float32 scalar.
         name: Op name.
-        log: A :func:`~tf_ecrec.ops.delta_log_ops.delta_log` handle on ``var``'s device: run the logged
+        log: A delta log handle on ``var``'s device
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
             variant, which also appends the delta of each distinct row to it.
         sid: int64 step id of the logged update (with ``log``).
         target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
@@ -275,7 +286,8 @@ def sparse_apply_ftrl_with_delta(
         l2_shrinkage: Non-negative L2 shrinkage strength, or ``None``.
         multiply_linear_by_lr: The stock kernels' attribute of that name.
         name: Op name.
-        log: A :func:`~tf_ecrec.ops.delta_log_ops.delta_log` handle on ``var``'s device: run the logged
+        log: A delta log handle on ``var``'s device
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
             variant, which also appends the delta of each distinct row to it.
         sid: int64 step id of the logged update (with ``log``).
         target: int32 id (>= 0) of ``var`` and its slots (with ``log``).

@@ -102,9 +102,10 @@ def assign_add_logged(
 ) -> tf.Operation | None:
     """``var += value`` (integers wrap), logging ``bits(old) ^ bits(new)``.
 
-    The variable is seen as a matrix of int32 words (see :func:`~tf_ecrec.ops.log_snapshot.as_words`; an
-    int64 scalar such as the global step is one row of two words); the entry
-    covers all its rows. Works on float32, float64, int32 and int64 variables.
+    The variable is seen as a matrix of int32 words (see
+    :func:`~tf_ecrec.ops.log_snapshot.as_words`; an int64 scalar such as the
+    global step is one row of two words); the entry covers all its rows.
+    Works on float32, float64, int32 and int64 variables.
 
     Args:
         var: Resource variable, on the log's device.

@@ -28,11 +28,11 @@ from tf_ecrec.ops.build_info import parse_assignments
 
 __all__ = [
     "BUILD_INFO_NAME",
-    "BuildInfo",
     "LIBRARY_DIR",
     "LIBRARY_NAME",
     "OP_NAMES",
     "REBUILD_HINT",
+    "BuildInfo",
     "check_build_info",
     "load_library",
     "read_build_info",

@@ -52,7 +52,8 @@ def parity_update(
         coef: Non-zero field element, ``1 <= coef < 2**field_bits``.
         field_bits: 16 or 8.
         name: Op name.
-        log: A :func:`~tf_ecrec.ops.delta_log_ops.delta_log` handle on ``parity``'s device: run
+        log: A delta log handle on ``parity``'s device
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run
             ``ParityUpdateLogged``, which also appends, per distinct parity
             row (ascending), the XOR of every ``coef * delta`` folded into it.
         sid: int64 step id of the logged fold (with ``log``).
@@ -60,7 +61,8 @@ def parity_update(
         source: int32 id of the variable the delta came from, -1 for none
             (with ``log``).
         source_seq: int64 seq of the source's apply entry in its own log
-            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log_seq_of`), -1 for none (with ``log``).
+            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log_seq_of`), -1 for
+            none (with ``log``).
         bypass_fence: Fold even if ``sid`` is fenced or committed in the log
             (recovery finishing a step); otherwise such a fold fails with
             ``tf.errors.AbortedError`` and changes nothing.
