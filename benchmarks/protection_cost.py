@@ -51,7 +51,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_ecrec  # noqa: E402
-import tf_ecrec.ops  # noqa: E402,F401  (the kernels the protected graph runs)
 from tf_ecrec.device import ECDeviceFn  # noqa: E402
 
 TABLES = 26

@@ -301,7 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ec:
         # Every process that executes our ops needs their kernels registered:
         # the PS tasks run the delta and parity ops of the training graph.
-        import tf_ecrec.ops  # noqa: F401
+        from tf_ecrec.ops import load_library
+
+        load_library()
     run_config = tf.estimator.RunConfig(
         model_dir=args.model_dir,
         tf_random_seed=args.seed,

@@ -9,7 +9,7 @@ installed TensorFlow's own compile and link flags (``tf.sysconfig``) and is
 rebuilt only when it is missing, older than a source, built from other
 sources, or built for another TensorFlow. Beside it the build writes
 ``_build_info.py`` (TensorFlow version and a hash of the sources and flags),
-which the loader in ``tf_ecrec.ops`` checks at import.
+which the loader (``tf_ecrec.ops.loader``) checks when it loads the library.
 
 Two flags go beyond TensorFlow's: ``-mavx`` gives Eigen the 8-float packets
 the TensorFlow 2.15 binary itself uses (the stock training kernels vectorize
@@ -21,8 +21,8 @@ multiply-adds the stock kernels do not fuse.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
@@ -30,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = REPO_ROOT / "ops" / "cc"
@@ -67,8 +67,8 @@ def source_hash(flags: Sequence[str]) -> str:
 
 
 def _parse_assignments(text: str) -> dict[str, object]:
-    # The format lives in the package; load that one module by path (importing
-    # tf_ecrec.ops would need the very library being built).
+    # The format lives in the package; load that one module by path (setup.py
+    # runs this before tf_ecrec is importable).
     spec = importlib.util.spec_from_file_location("_tf_ecrec_build_info", REPO_ROOT / "tf_ecrec" / "ops" / "build_info.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -83,13 +83,13 @@ def read_build_info(path: Path) -> dict[str, object]:
         return {}
 
 
-def _required_tensorflow() -> Optional[str]:
+def _required_tensorflow() -> str | None:
     text = (REPO_ROOT / "tf_ecrec" / "version.py").read_text(encoding="utf-8")
-    match = re.search(r'^REQUIRED_TENSORFLOW\s*=\s*"([^"]+)"', text, re.M)
+    match = re.search(r'^REQUIRED_TENSORFLOW\s*=\s*"([^"]+)"', text, re.MULTILINE)
     return match.group(1) if match else None
 
 
-def _stale_reason(output_dir: Path, tf_version: str, digest: str) -> Optional[str]:
+def _stale_reason(output_dir: Path, tf_version: str, digest: str) -> str | None:
     library = output_dir / LIBRARY_NAME
     info_path = output_dir / BUILD_INFO_NAME
     if not library.exists() or not info_path.exists():
@@ -118,7 +118,7 @@ def _write_build_info(path: Path, tf_version: str, digest: str, compiler: str) -
 
 
 def build(
-    output_dir: "str | os.PathLike[str] | None" = None,
+    output_dir: str | os.PathLike[str] | None = None,
     *,
     force: bool = False,
     verbose: bool = True,
@@ -186,7 +186,7 @@ def build(
     return library
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--output-dir", default=None,

@@ -94,7 +94,7 @@ class _CollectionRebuild:
 
     def __init__(self, coll: EmbeddingCollection, opt: ECOptimizer, slice_bytes: int,
                  logs: dict[int, tf.Tensor] | None = None, wait: dict[int, tf.Operation] | None = None) -> None:
-        from tf_ecrec import ops as ec_ops  # loads the op library
+        from tf_ecrec import ops as ec_ops
 
         self.coll = coll
         self.layout = coll.table_layout

@@ -301,8 +301,8 @@ class Reconciler:
         made from its applies).  Otherwise a lost data PS's part of it is gone (B rolled it back):
         the rest is undone where it is the newest update, so that the step is undone whole, not
         kept on the survivors only (`tops` is empty when no data PS was lost)."""
-        kept = any(e.kind == ec_ops.FOLD and e.source in tops and e.source_seq <= tops[e.source] for _, e in mine)
-        counted = any(e.kind == ec_ops.COUNTER for _, e in mine)
+        kept = any(e.kind == ec_ops.EntryKind.FOLD and e.source in tops and e.source_seq <= tops[e.source] for _, e in mine)
+        counted = any(e.kind == ec_ops.EntryKind.COUNTER for _, e in mine)
         return kept or (counted and not tops)
 
     def _roll_back_lost_sources(
@@ -316,7 +316,7 @@ class Reconciler:
         for source in sorted(lost_sources):
             folds = [
                 (p, e) for p, s in snaps.items() for e in s.entries
-                if e.kind == ec_ops.FOLD and e.source == source and e.sid in pending
+                if e.kind == ec_ops.EntryKind.FOLD and e.source == source and e.sid in pending
             ]
             top = max([s.settled_source.get(source, -1) for s in snaps.values()] or [-1])
             for _, e in folds:
@@ -335,18 +335,18 @@ class Reconciler:
     ) -> bool:
         """Finishes (`keep`) or undoes one uncommitted step on the survivors, an update that is not
         the newest of its variable being finished in any case; True if it was wholly undone."""
-        applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.APPLY), key=lambda pe: -pe[1].seq)
+        applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.EntryKind.APPLY), key=lambda pe: -pe[1].seq)
         # Whole: undone only if every apply of it is the newest of its variable (else finished), so a
         # step that another overtook on one variable is not undone on the others.
         keep = keep or not all(self._undoable(snaps[p], e) for p, e in applies)
         all_undone = not keep
         for p, e in applies:
-            folds = [(q, f) for q, f in mine if f.kind == ec_ops.FOLD and f.source == e.target]
+            folds = [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
             if not keep and self._undo_apply(sess, e, folds):
                 continue
             all_undone = False
             self._finish_apply(sess, sid, e, alive)
-        counts = [(p, e) for p, e in mine if e.kind == ec_ops.COUNTER]
+        counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
         if not counts:
             return all_undone
         if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):

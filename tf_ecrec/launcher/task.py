@@ -267,7 +267,9 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
     if job.fault_tolerance == "ecrec":
         # Every process that executes our ops needs their kernels registered:
         # the PS tasks run the delta and parity ops of the training graph.
-        import tf_ecrec.ops  # noqa: F401
+        from tf_ecrec.ops import load_library
+
+        load_library()
     if os.environ.get(ENV_SPARE_ADDRESS):
         stand_by(job, os.environ[ENV_SPARE_ADDRESS], cluster.num_ps)
         return

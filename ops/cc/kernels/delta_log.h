@@ -283,29 +283,6 @@ class LogWrite {
   int64_t sid_ = 0;
 };
 
-// The log behind the handle at `input`, created empty on first use.
-Status LookupOrCreateDeltaLog(OpKernelContext* ctx, int input,
-                              core::RefCountPtr<DeltaLog>* log);
-
-// `t` itself if TensorFlow owns its buffer (nobody writes a buffer with a
-// second reference, so the log may keep it), else a copy in `*out`: a
-// graph-mode feed may borrow the caller's NumPy array, which the caller may
-// overwrite after the step. Call it before writing anything: it allocates.
-Status ShareOrCopy(OpKernelContext* ctx, const Tensor& t, Tensor* out);
-
-// Reads the `bypass_fence` attr of a logged op.
-inline Status ReadBypassFence(OpKernelConstruction* ctx, bool* bypass) {
-  return ctx->GetAttr("bypass_fence", bypass);
-}
-
-// Reads the log handle at `first`, the int64 scalar sid at first + 1, the
-// int32 scalar target at first + 2 and, if `with_source`, the int32 scalar
-// source at first + 3 and the int64 scalar source_seq at first + 4; checks
-// target >= 0 and source >= -1.
-Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
-                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
-                     bool with_source_seq = false);
-
 }  // namespace ec_rec
 }  // namespace tensorflow
 

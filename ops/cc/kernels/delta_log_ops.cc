@@ -12,6 +12,7 @@
 
 #include "ops/cc/kernels/cancellable_wait.h"
 #include "ops/cc/kernels/delta_log.h"
+#include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/word_tables.h"
 #include "tensorflow/core/framework/op_kernel.h"

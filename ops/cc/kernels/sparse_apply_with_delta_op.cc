@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/delta_log.h"
+#include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/optimizer_rules.h"
 #include "ops/cc/kernels/recovery_view.h"

@@ -1,0 +1,43 @@
+// Op-input plumbing shared by the kernels that write or read a delta log:
+// look the log up (creating it), read a logged op's ids, keep a delta tensor
+// the log may hold on to.
+
+#ifndef TF_ECREC_OPS_CC_KERNELS_DELTA_LOG_INPUTS_H_
+#define TF_ECREC_OPS_CC_KERNELS_DELTA_LOG_INPUTS_H_
+
+#include "ops/cc/kernels/delta_log.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/core/refcount.h"
+
+namespace tensorflow {
+namespace ec_rec {
+
+// The log behind the handle at `input`, created empty on first use.
+Status LookupOrCreateDeltaLog(OpKernelContext* ctx, int input,
+                              core::RefCountPtr<DeltaLog>* log);
+
+// `t` itself if TensorFlow owns its buffer (nobody writes a buffer with a
+// second reference, so the log may keep it), else a copy in `*out`: a
+// graph-mode feed may borrow the caller's NumPy array, which the caller may
+// overwrite after the step. Call it before writing anything: it allocates.
+Status ShareOrCopy(OpKernelContext* ctx, const Tensor& t, Tensor* out);
+
+// Reads the `bypass_fence` attr of a logged op.
+inline Status ReadBypassFence(OpKernelConstruction* ctx, bool* bypass) {
+  return ctx->GetAttr("bypass_fence", bypass);
+}
+
+// Reads the log handle at `first`, the int64 scalar sid at first + 1, the
+// int32 scalar target at first + 2 and, if `with_source`, the int32 scalar
+// source at first + 3 and the int64 scalar source_seq at first + 4; checks
+// target >= 0 and source >= -1.
+Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
+                     core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
+                     bool with_source_seq = false);
+
+}  // namespace ec_rec
+}  // namespace tensorflow
+
+#endif  // TF_ECREC_OPS_CC_KERNELS_DELTA_LOG_INPUTS_H_
