@@ -9,8 +9,9 @@ TensorFlow)::
     tf_ecrec.ECOptimizer(optimizer)             updates that keep parity and replicas exact
     tf_ecrec.ECDeviceFn()                       RunConfig device_fn placing storage per the layout
 
-``tf_ecrec.ops`` checks on import that the compiled op library matches the
-installed TensorFlow.
+``tf_ecrec.ops.load_library()`` (called by the first op built, and by every
+task process at start, PS included) checks that the compiled op library
+matches the installed TensorFlow.
 """
 
 from typing import Any
