@@ -39,7 +39,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss,
@@ -61,7 +61,7 @@ _WATCH = "watch"
 _STOP = "stop"
 
 
-def parse_zk_url(url: str) -> Tuple[str, str]:
+def parse_zk_url(url: str) -> tuple[str, str]:
     """Splits ``"h1:2181,h2:2181/jobs/ctr"`` into hosts and the job path.
 
     Raises:
@@ -117,17 +117,17 @@ class ZooKeeperMembership(MembershipBackend):
         self._started = False
         self._closing = False  # No new work: closing, or the first connect failed.
         self._closed = False
-        self._member: Optional[Member] = None
-        self._master: Optional[Dict[str, Any]] = None
+        self._member: Member | None = None
+        self._master: dict[str, Any] | None = None
         self._work: "queue.Queue[Any]" = queue.Queue()
         self._dispatcher = Dispatcher("tf-ecrec-zk-membership-events")
-        self._children_watch: Optional[ChildrenWatch] = None
+        self._children_watch: ChildrenWatch | None = None
         self._session_lost = False
         self._worker = threading.Thread(target=self._run, name="tf-ecrec-zk-membership",
                                         daemon=True)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> "ZooKeeperMembership":
+    def from_url(cls, url: str, **kwargs: Any) -> ZooKeeperMembership:
         """Builds a backend from ``HOST:PORT[,HOST:PORT...]/job/path``."""
         hosts, path = parse_zk_url(url)
         return cls(hosts, path, **kwargs)
@@ -220,7 +220,7 @@ class ZooKeeperMembership(MembershipBackend):
         except (NoNodeError, BadVersionError):
             pass
 
-    def members(self) -> Dict[str, Member]:
+    def members(self) -> dict[str, Member]:
         """See base class."""
         self._ensure_started()
         return self._read_members()
@@ -270,7 +270,7 @@ class ZooKeeperMembership(MembershipBackend):
                  json.dumps({k: info[k] for k in info if k != "pid"}).encode())
         _LOG.info("Published master %s at %s/master", address, self.job_path)
 
-    def master_address(self) -> Optional[str]:
+    def master_address(self) -> str | None:
         """Returns the live master's address, or ``None``."""
         self._ensure_started()
         try:
@@ -279,7 +279,7 @@ class ZooKeeperMembership(MembershipBackend):
             return None
         return json.loads(data.decode()).get("address")
 
-    def _create_master(self, info: Dict[str, Any]) -> None:
+    def _create_master(self, info: dict[str, Any]) -> None:
         path = f"{self.job_path}/master"
         data = json.dumps(info).encode()
         gone = threading.Event()
@@ -348,7 +348,7 @@ class ZooKeeperMembership(MembershipBackend):
                 pass
         raise MembershipError(f"could not create {path}: it kept changing under us")
 
-    def _read_members(self) -> Dict[str, Member]:
+    def _read_members(self) -> dict[str, Member]:
         try:
             children = self._op(self._client.get_children, self._members_path)
         except NoNodeError:
