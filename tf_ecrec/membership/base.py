@@ -69,7 +69,7 @@ class Member:
         return f"{self.task_type}:{self.task_index}"
 
 
-class EventKind(enum.Enum):
+class EventKind(str, enum.Enum):
     CHANGED = "changed"            # The view changed (or: the first view).
     SUSPENDED = "suspended"        # Connection lost; the view is not trusted.
     RESUMED = "resumed"            # Connection and session back; view trusted.
