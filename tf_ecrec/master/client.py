@@ -27,7 +27,8 @@ import itertools
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import grpc
 

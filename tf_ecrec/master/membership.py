@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from tf_ecrec.errors import (MasterUnavailable, MembershipLost, MembershipTimeout,
                              StaleGenerationError)

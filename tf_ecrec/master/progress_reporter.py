@@ -21,7 +21,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from tf_ecrec.errors import EcRecError, MasterUnavailable
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger

@@ -34,7 +34,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from tf_ecrec.errors import InvalidRequestError, StaleGenerationError
 from tf_ecrec.master.sharding import DataStats, DatasetSpec, Lease, Piece

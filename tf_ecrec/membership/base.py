@@ -36,7 +36,8 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 _LOG = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from tf_ecrec.errors import MembershipError, MembershipTimeout
 from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,

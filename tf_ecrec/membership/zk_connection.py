@@ -17,7 +17,8 @@ The recipes built on it (members, master directory) live in
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss,

@@ -17,7 +17,8 @@ import json
 import logging
 import socket
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 

@@ -12,7 +12,8 @@ persists, and wakes the waiters when a barrier is done.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tf_ecrec.errors import InvalidRequestError
 from tf_ecrec.master.state.tasks import parse_task_id

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tf_ecrec.errors import InvalidRequestError, MasterError, NotFoundError
 from tf_ecrec.master.shard_queue import ShardQueue
@@ -87,6 +88,13 @@ class DatasetTable:
         record.last_get_shard.clear()
         return sum(q.release_owner(record.task_id, failed=failed)
                    for q in self._queues.values())
+
+    def release_shards(self, task_id: str, dataset: str, shard_ids: Sequence[int], *,
+                       failed: bool) -> int:
+        """Gives back those of ``shard_ids`` the task holds; returns the records given back."""
+        queue = self.queue(dataset)
+        owned = {lease.shard_id for lease in queue.leases_of(task_id)}
+        return sum(queue.release(s, failed=failed) for s in shard_ids if s in owned)
 
     def checkpoint(self, dataset: str) -> bytes:
         """The dataset's progress as a JSON blob (see ``ShardQueue.checkpoint``)."""

@@ -26,7 +26,8 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from tf_ecrec.errors import (BarrierTimeout, InvalidRequestError, MasterError, MasterUnavailable,
                              NotFoundError)
@@ -274,9 +275,7 @@ class MasterState:
                     "names the generation that failed (>= 1, as its registration returned)")
             return self.declare_lost(task_id, reason or "reported failed", generation)
         with self._lock:
-            queue = self._datasets.queue(dataset)
-            owned = {lease.shard_id for lease in queue.leases_of(task_id)}
-            requeued = sum(queue.release(s, failed=failed) for s in shard_ids if s in owned)
+            requeued = self._datasets.release_shards(task_id, dataset, shard_ids, failed=failed)
             if requeued:
                 self._persist()
             return requeued

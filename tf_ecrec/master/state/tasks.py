@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from tf_ecrec.config import TASK_TYPES
 from tf_ecrec.errors import (InvalidRequestError, MembershipLost, NotFoundError,
