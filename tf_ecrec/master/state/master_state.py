@@ -32,8 +32,7 @@ from typing import Any
 from tf_ecrec.errors import (BarrierTimeout, InvalidRequestError, MasterError, MasterUnavailable,
                              NotFoundError)
 from tf_ecrec.master.sharding import DataStats, DatasetSpec, Lease, ShardStatus
-from tf_ecrec.master.state import barriers
-from tf_ecrec.master.state.barriers import BarrierTable
+from tf_ecrec.master.state.barriers import DEFAULT_BARRIER_TYPES, BarrierTable, check_request
 from tf_ecrec.master.state.datasets import DatasetTable
 from tf_ecrec.master.state.snapshot import SnapshotStore
 from tf_ecrec.master.state.tasks import (ClusterView, Liveness, TaskRecord, TaskStatus, TaskTable,
@@ -369,8 +368,8 @@ class MasterState:
           BarrierTimeout: not everyone arrived within ``timeout`` seconds.
           MasterError: the master is shutting down.
         """
-        barriers.check_request(name, timeout, participants)
-        types = tuple(task_types) or barriers.DEFAULT_BARRIER_TYPES
+        check_request(name, timeout, participants)
+        types = tuple(task_types) or DEFAULT_BARRIER_TYPES
         deadline = self._clock() + timeout
         with self._lock:
             self._tasks.checked(task_id, generation)
