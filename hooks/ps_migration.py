@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError, EcRecError, ParameterServerMigrated
 from tf_ecrec.master.client import MasterClient
-from tf_ecrec.master.progress import RateLimitedLogger
+from tf_ecrec.master.rate_limited_log import RateLimitedLogger
 from tf_ecrec.membership.base import EventKind, MembershipBackend, MembershipEvent
 from tf_ecrec.retry import Retry
 

@@ -10,7 +10,7 @@
     end             flush the sender for at most ``flush_timeout`` seconds; stop it
 
 The step never waits on the master: a background
-:class:`~tf_ecrec.master.progress.ProgressSender` delivers the counts, keeps
+:class:`~tf_ecrec.master.progress_reporter.ProgressSender` delivers the counts, keeps
 them while the master is unreachable (warning at most every
 ``warn_every_secs``), and coalesces them if the queue is full.
 
@@ -39,8 +39,10 @@ from typing import Any, Callable, Optional, Union
 import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.master.client import MasterClient, ShardLease
-from tf_ecrec.master.progress import ProgressSender, RateLimitedLogger, ShardTracker
+from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.progress_reporter import ProgressSender, ShardTracker
+from tf_ecrec.master.rate_limited_log import RateLimitedLogger
+from tf_ecrec.master.replies import ShardLease
 from tf_ecrec.retry import Retry
 
 _LOG = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tf_ecrec.errors import ConfigError, MasterUnavailable
-from tf_ecrec.master.client import Cluster, MasterClient, TaskInfo
+from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.replies import Cluster, TaskInfo
 from tf_ecrec.master.server import start_master
 from tf_ecrec.retry import Retry, retry_on
 

@@ -12,11 +12,12 @@ import pytest
 from tf_ecrec.errors import (AuthenticationError, ConfigError, BarrierTimeout, InvalidRequestError,
                              MasterError, MasterUnavailable, MembershipLost, NotFoundError,
                              StaleGenerationError)
-from tf_ecrec.master.client import MasterClient, ShardStatus
+from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
 from tf_ecrec.master.server import MasterHandle, start_master
-from tf_ecrec.master.servicer import ERROR_KEY
+from tf_ecrec.master.sharding import ShardStatus
+from tf_ecrec.master.wire import ERROR_KEY
 from tf_ecrec.retry import Retry
 
 

@@ -9,10 +9,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from tf_ecrec.errors import ConfigError, MasterError, MembershipLost
-from tf_ecrec.master.client import MasterClient, ShardStatus
+from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.server import MasterHandle, start_master
+from tf_ecrec.master.sharding import ShardStatus
 from tf_ecrec.membership.base import EventKind, Member, MembershipEvent
-from tf_ecrec.membership.zookeeper import ZooKeeperMembership, parse_zk_url
+from tf_ecrec.membership.zk_connection import parse_zk_url
+from tf_ecrec.membership.zookeeper import ZooKeeperMembership
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -17,9 +17,9 @@ from kazoo.client import KazooClient
 
 from tf_ecrec.errors import MembershipTimeout
 from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.membership import EmbeddedMembership
 from tf_ecrec.master.server import start_master
 from tf_ecrec.membership.base import EventKind, Member, MembershipBackend, MembershipEvent
-from tf_ecrec.membership.embedded import EmbeddedMembership
 from tf_ecrec.membership.fake import FakeMembership, FakeMembershipServer
 from tf_ecrec.membership.zookeeper import ZooKeeperMembership
 

@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError, ParameterServerMigrated
-from tf_ecrec.master.client import MasterClient, ShardLease
-from tf_ecrec.master.progress import ProgressSender, ProgressUpdate, ShardTracker, track
+from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.progress_reporter import ProgressSender, ProgressUpdate, ShardTracker, track
+from tf_ecrec.master.replies import ShardLease
 from tf_ecrec.master.server import MasterHandle, start_master
 from tf_ecrec.membership.base import Member
 from tf_ecrec.membership.fake import FakeMembership, FakeMembershipServer

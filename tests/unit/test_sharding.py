@@ -7,7 +7,8 @@ import random
 import pytest
 
 from tf_ecrec.errors import InvalidRequestError, NotFoundError, StaleGenerationError
-from tf_ecrec.master.sharding import DatasetSpec, ShardQueue
+from tf_ecrec.master.shard_queue import ShardQueue
+from tf_ecrec.master.sharding import DatasetSpec
 
 
 def spec(**overrides) -> DatasetSpec:

@@ -211,7 +211,7 @@ class MasterWatch:
         Raises:
           LaunchError: it did not answer within `timeout`, or refused us.
         """
-        from tf_ecrec.membership.embedded import EmbeddedMembership
+        from tf_ecrec.master.membership import EmbeddedMembership
 
         deadline = time.monotonic() + timeout
         while True:

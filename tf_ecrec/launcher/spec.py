@@ -332,7 +332,7 @@ class JobSpec:
             )
         if self.zk is not None:
             try:
-                from tf_ecrec.membership.zookeeper import parse_zk_url
+                from tf_ecrec.membership.zk_connection import parse_zk_url
             except ImportError as exc:  # kazoo is optional
                 raise ConfigError(f"--zk needs the kazoo package ({exc}); source: --zk") from exc
             try:

@@ -95,7 +95,7 @@ class _PipelineTracker:
     """
 
     def __init__(self) -> None:
-        from tf_ecrec.master.progress import ShardTracker
+        from tf_ecrec.master.progress_reporter import ShardTracker
 
         self._new = ShardTracker
         self._lock = threading.Lock()
@@ -185,7 +185,7 @@ class TaskLink:
             self._membership = ZooKeeperMembership.from_url(self.job.zk)
             self._membership.join(Member(member.task_type, member.task_index, member.address, self.client.generation))
         else:
-            from tf_ecrec.membership.embedded import EmbeddedMembership
+            from tf_ecrec.master.membership import EmbeddedMembership
 
             self._membership = EmbeddedMembership(self.master_address, token=self._token, timeout=_JOIN_DEADLINE_SECS)
             self._membership.join(member)
@@ -275,7 +275,7 @@ class TaskLink:
             raise
 
     def _leases(self, incarnation: int) -> Iterator[Any]:
-        from tf_ecrec.master.client import ShardStatus
+        from tf_ecrec.master.sharding import ShardStatus
 
         unavailable_since: float | None = None
         waiting_since: float | None = None

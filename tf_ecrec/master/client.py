@@ -4,7 +4,8 @@ Every call has a per-attempt timeout and runs under a :class:`Retry` with a
 total deadline; a master that cannot be reached ends in
 :class:`~tf_ecrec.errors.MasterUnavailable`, never in a hang.  Status codes
 come back as the tf_ecrec error the server named (see
-:mod:`tf_ecrec.master.servicer`).  All calls are safe to retry: the server
+:mod:`tf_ecrec.master.servicer` and :mod:`tf_ecrec.master.wire`); replies are
+the typed values of :mod:`tf_ecrec.master.replies`.  All calls are safe to retry: the server
 deduplicates registrations by ``instance_id``, shard requests by
 ``request_id``, and progress reports are cumulative.
 
@@ -22,13 +23,12 @@ The client is thread-safe; one per process and task.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import itertools
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -36,17 +36,11 @@ from tf_ecrec import errors
 from tf_ecrec.errors import ConfigError, MasterError, MasterUnavailable
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
-from tf_ecrec.master.servicer import ERROR_KEY
-from tf_ecrec.master.server import TOKEN_KEY
-from tf_ecrec.master.sharding import DataStats
+from tf_ecrec.master.replies import Cluster, ShardLease, ShardReply, data_stats_from_pb
+from tf_ecrec.master.sharding import DataStats, ShardStatus
+from tf_ecrec.master.wire import ERROR_KEY, NAMED_ERRORS, TOKEN_KEY, shard_status_of_pb
 from tf_ecrec.retry import Retry
 
-_STATUS_NAMES = {pb.ALIVE: "alive", pb.LOST: "lost", pb.LEFT: "left"}
-# Errors the server may name in trailing metadata.
-_NAMED_ERRORS: Dict[str, type] = {cls.__name__: cls for cls in (
-    errors.InvalidRequestError, errors.NotFoundError, errors.StaleGenerationError,
-    errors.MembershipLost, errors.BarrierTimeout, errors.AuthenticationError,
-    errors.MasterUnavailable, errors.MasterError)}
 _TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                     grpc.StatusCode.CANCELLED)
 _CHANNEL_OPTIONS = (
@@ -55,103 +49,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskInfo:
-    task_type: str
-    task_index: int
-    address: str
-    generation: int
-    status: str  # "alive", "lost" or "left".
-
-    @property
-    def task_id(self) -> str:
-        return f"{self.task_type}:{self.task_index}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """The master's view of the cluster.
-
-    ``version`` changes on every membership change, ``ps_version`` only when
-    the parameter servers change.
-    """
-
-    version: int
-    ps_version: int
-    tasks: Tuple[TaskInfo, ...]
-
-    def alive(self) -> Dict[str, TaskInfo]:
-        return {t.task_id: t for t in self.tasks if t.status == "alive"}
-
-    def tf_cluster(self) -> Dict[str, List[str]]:
-        """Returns the TF_CONFIG ``cluster`` dict (evaluators excluded).
-
-        Every slot ever registered is listed at its last address, alive or
-        not, so indices stay dense.
-
-        Raises:
-          ConfigError: a type's indices have a hole (e.g. worker:2 without
-            worker:1), which TF_CONFIG cannot express.
-        """
-        by_type: Dict[str, Dict[int, str]] = {}
-        for task in self.tasks:
-            if task.task_type != "evaluator":
-                by_type.setdefault(task.task_type, {})[task.task_index] = task.address
-        cluster = {}
-        for task_type, slots in sorted(by_type.items()):
-            if sorted(slots) != list(range(len(slots))):
-                raise ConfigError(
-                    f"cluster version {self.version}: {task_type} indices {sorted(slots)} "
-                    "are not 0..n-1; rule: TF_CONFIG lists every index of a type")
-            cluster[task_type] = [slots[i] for i in range(len(slots))]
-        return cluster
-
-    @classmethod
-    def from_pb(cls, message: pb.Cluster) -> "Cluster":
-        return cls(message.version, message.ps_version, tuple(
-            TaskInfo(t.task_type, t.task_index, t.address, t.generation,
-                     _STATUS_NAMES.get(t.status, "unknown")) for t in message.tasks))
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardLease:
-    """Records ``[start, end)`` of epoch ``epoch`` leased to this task."""
-
-    dataset: str
-    shard_id: int
-    attempt: int
-    epoch: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-class ShardStatus(enum.Enum):
-    SHARD = "shard"  # A lease is in the reply.
-    WAIT = "wait"    # Nothing free; you hold nothing; others hold shards: ask again.
-    END = "end"      # The dataset is finished.
-    DRAIN = "drain"  # Nothing free; finish the leases you hold and ask no more.
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardReply:
-    status: ShardStatus
-    lease: Optional[ShardLease] = None
-    retry_after: float = 0.0
-
-
-def data_stats_from_pb(message: pb.DataState) -> DataStats:
-    return DataStats(
-        dataset=message.dataset, records_total=message.records_total,
-        records_trained=message.records_trained, records_retrained=message.records_retrained,
-        records_requeued=message.records_requeued, records_failed=message.records_failed,
-        records_in_flight=message.records_in_flight, shards_failed=message.shards_failed,
-        failed_shard_ids=tuple(message.failed_shard_ids), finished=message.finished)
 
 
 def _translate(exc: grpc.RpcError, address: str, method: str) -> Exception:
@@ -163,7 +60,7 @@ def _translate(exc: grpc.RpcError, address: str, method: str) -> Exception:
     for key, value in trailing or ():
         if key == ERROR_KEY:
             name = value
-    cls = _NAMED_ERRORS.get(name)
+    cls = NAMED_ERRORS.get(name)
     if cls is not None:
         return cls(details)
     if code in _TRANSIENT_CODES:
@@ -188,9 +85,9 @@ class MasterClient:
         ``deadline`` bounds a whole call.  Default: 8 tries within 15 s.
     """
 
-    def __init__(self, address: str, task_type: Optional[str], task_index: int = 0, *,
-                 token: Optional[str] = None, timeout: float = 5.0,
-                 retry: Optional[Retry] = None) -> None:
+    def __init__(self, address: str, task_type: str | None, task_index: int = 0, *,
+                 token: str | None = None, timeout: float = 5.0,
+                 retry: Retry | None = None) -> None:
         if timeout <= 0:
             raise ConfigError(f"MasterClient timeout={timeout}; rule: > 0")
         self.address = address
@@ -201,7 +98,7 @@ class MasterClient:
             lambda exc: isinstance(exc, MasterUnavailable))
         self._retry = (retry or Retry(max_tries=8, delay=0.1, max_delay=1.0,
                                       deadline=15.0)).replace(retry_if=is_transient)
-        self._metadata: Tuple[Tuple[str, str], ...] = ((TOKEN_KEY, token),) if token else ()
+        self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_KEY, token),) if token else ()
         self._channel = grpc.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
         self._stub = pb_grpc.MasterStub(self._channel)
         self._lock = threading.Lock()
@@ -232,15 +129,15 @@ class MasterClient:
             raise ConfigError(f"task {task_id} is not registered; rule: call register() first")
         return pb.TaskRef(task_id=task_id, generation=generation)
 
-    def _call(self, method: str, request: Any, *, timeout: Optional[float] = None,
-              retry: Optional[Retry] = None) -> Any:
+    def _call(self, method: str, request: Any, *, timeout: float | None = None,
+              retry: Retry | None = None) -> Any:
         rpc = getattr(self._stub, method)
         per_try = timeout if timeout is not None else self._timeout
         policy = (retry or self._retry).replace(retry_if=self._retry.retry_if)
         started = time.monotonic()
         tries = [0]
 
-        def attempt(remaining: Optional[float]) -> Any:
+        def attempt(remaining: float | None) -> Any:
             tries[0] += 1
             budget = per_try if remaining is None else max(min(per_try, remaining), 0.001)
             try:
@@ -258,7 +155,7 @@ class MasterClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "MasterClient":
+    def __enter__(self) -> MasterClient:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -280,8 +177,8 @@ class MasterClient:
         self.heartbeat_interval = response.heartbeat_interval_s
         return Cluster.from_pb(response.cluster)
 
-    def heartbeat(self, *, timeout: Optional[float] = None,
-                  retry: Optional[Retry] = None) -> Tuple[int, int]:
+    def heartbeat(self, *, timeout: float | None = None,
+                  retry: Retry | None = None) -> tuple[int, int]:
         """Returns ``(version, ps_version)``; raises MembershipLost if declared lost."""
         response = self._call("Heartbeat", pb.HeartbeatRequest(task=self._task_ref()),
                               timeout=timeout, retry=retry)
@@ -290,8 +187,8 @@ class MasterClient:
     def deregister(self) -> None:
         self._call("Deregister", pb.DeregisterRequest(task=self._task_ref()))
 
-    def get_cluster(self, *, timeout: Optional[float] = None,
-                    retry: Optional[Retry] = None) -> Cluster:
+    def get_cluster(self, *, timeout: float | None = None,
+                    retry: Retry | None = None) -> Cluster:
         return Cluster.from_pb(self._call("GetCluster", pb.GetClusterRequest(),
                                           timeout=timeout, retry=retry))
 
@@ -299,7 +196,7 @@ class MasterClient:
         return Cluster.from_pb(self._call("UpdateTaskAddress", pb.UpdateTaskAddressRequest(
             task=self._task_ref(), address=address)))
 
-    def report_failure(self, task_id: Optional[str] = None, *, reason: str = "",
+    def report_failure(self, task_id: str | None = None, *, reason: str = "",
                        dataset: str = "", shard_ids: Sequence[int] = (),
                        generation: int = 0, not_a_failure: bool = False) -> int:
         """Reports a task lost (no ``shard_ids``, ``generation`` required) or some of its
@@ -314,7 +211,7 @@ class MasterClient:
         return response.records_requeued
 
     def barrier(self, name: str, generation: int, timeout: float, *,
-                participants: Sequence[str] = (), task_types: Sequence[str] = ()) -> List[str]:
+                participants: Sequence[str] = (), task_types: Sequence[str] = ()) -> list[str]:
         """Waits at barrier ``(name, generation)``; see ``MasterState.barrier``.
 
         Raises:
@@ -331,8 +228,8 @@ class MasterClient:
     # --- data --------------------------------------------------------------------
 
     def register_dataset(self, name: str, total_records: int, shard_records: int,
-                         num_epochs: int = 1, *, shuffle_seed: Optional[int] = None,
-                         max_shard_failures: int = 0) -> Tuple[bool, DataStats]:
+                         num_epochs: int = 1, *, shuffle_seed: int | None = None,
+                         max_shard_failures: int = 0) -> tuple[bool, DataStats]:
         """Registers a dataset (idempotent); returns ``(created, stats)``."""
         request = pb.RegisterDatasetRequest(name=name, total_records=total_records,
                                             shard_records=shard_records, num_epochs=num_epochs,
@@ -347,17 +244,16 @@ class MasterClient:
         request = pb.GetShardRequest(task=self._task_ref(), dataset=dataset,
                                      request_id=next(self._request_ids))
         response = self._call("GetShard", request)
-        if response.status == pb.GetShardResponse.SHARD:
+        status = shard_status_of_pb(response.status)
+        if status is ShardStatus.SHARD:
             s = response.shard
-            return ShardReply(ShardStatus.SHARD, ShardLease(dataset, s.shard_id, s.attempt,
-                                                            s.epoch, s.start, s.end))
-        if response.status == pb.GetShardResponse.END:
-            return ShardReply(ShardStatus.END)
-        if response.status == pb.GetShardResponse.DRAIN:
-            return ShardReply(ShardStatus.DRAIN)
-        return ShardReply(ShardStatus.WAIT, retry_after=response.retry_after_s or 0.5)
+            return ShardReply(status, ShardLease(dataset, s.shard_id, s.attempt, s.epoch,
+                                                 s.start, s.end))
+        if status is ShardStatus.WAIT:
+            return ShardReply(status, retry_after=response.retry_after_s or 0.5)
+        return ShardReply(status)
 
-    def iter_shards(self, dataset: str, *, wait_timeout: Optional[float] = None,
+    def iter_shards(self, dataset: str, *, wait_timeout: float | None = None,
                     sleep: Callable[[float], None] = time.sleep) -> Iterator[ShardLease]:
         """Yields leases until END or DRAIN, sleeping through WAIT replies.
 
@@ -371,7 +267,7 @@ class MasterClient:
         Raises:
           MasterError: WAIT lasted longer than ``wait_timeout``.
         """
-        waiting_since: Optional[float] = None
+        waiting_since: float | None = None
         while True:
             reply = self.get_shard(dataset)
             if reply.status in (ShardStatus.END, ShardStatus.DRAIN):
@@ -389,7 +285,7 @@ class MasterClient:
             sleep(reply.retry_after)
 
     def report_progress(self, lease: ShardLease, records: int, *,
-                        timeout: Optional[float] = None, retry: Optional[Retry] = None) -> bool:
+                        timeout: float | None = None, retry: Retry | None = None) -> bool:
         """Acknowledges the first ``records`` (cumulative) of a lease as trained.
 
         Returns:

@@ -34,19 +34,21 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
 from tf_ecrec.errors import AuthenticationError, ConfigError, EcRecError, MasterError
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
-from tf_ecrec.master.servicer import ERROR_KEY, MasterServicer
-from tf_ecrec.master.state import MasterState, SnapshotStore
+from tf_ecrec.master.servicer import MasterServicer
+from tf_ecrec.master.state.master_state import MasterState
+from tf_ecrec.master.state.snapshot import SnapshotStore
+from tf_ecrec.master.state.tasks import Liveness
+from tf_ecrec.master.wire import ERROR_KEY, TOKEN_KEY
 from tf_ecrec.membership.base import EventKind, MasterDirectory, MembershipBackend, MembershipEvent
 
 _LOG = logging.getLogger(__name__)
-
-TOKEN_KEY = "x-tf-ecrec-token"
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -85,8 +87,8 @@ class MasterHandle:
     state: MasterState
     _server: grpc.Server
     _stop_event: threading.Event
-    _threads: List[threading.Thread]
-    _on_stop: List[Callable[[], None]]
+    _threads: list[threading.Thread]
+    _on_stop: list[Callable[[], None]]
     _stopped: threading.Event = dataclasses.field(default_factory=threading.Event)
     _stop_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -94,7 +96,7 @@ class MasterHandle:
     def port(self) -> int:
         return int(self.address.rpartition(":")[2])
 
-    def stop(self, grace: Optional[float] = 1.0) -> None:
+    def stop(self, grace: float | None = 1.0) -> None:
         """Stops serving: new calls fail, calls in progress get ``grace`` seconds.
 
         Barrier waiters are released with UNAVAILABLE (their clients retry
@@ -120,11 +122,11 @@ class MasterHandle:
         self._stopped.set()
         _LOG.info("Master at %s stopped", self.address)
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Blocks until :meth:`stop` was called or ``timeout``; True if stopped."""
         return self._stop_event.wait(timeout)
 
-    def __enter__(self) -> "MasterHandle":
+    def __enter__(self) -> MasterHandle:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -137,9 +139,9 @@ def _host_port(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: Optional[str] = None,
-                 token: Optional[str] = None, membership: Optional[MembershipBackend] = None,
-                 *, heartbeat_timeout: float = 10.0, heartbeat_interval: Optional[float] = None,
+def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: str | None = None,
+                 token: str | None = None, membership: MembershipBackend | None = None,
+                 *, heartbeat_timeout: float = 10.0, heartbeat_interval: float | None = None,
                  max_workers: int = 32, fsync: bool = True) -> MasterHandle:
     """Starts a master and returns once it serves.
 
@@ -173,7 +175,7 @@ def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: Optional[str
     store = SnapshotStore(state_dir, fsync=fsync) if state_dir else None
     try:
         state = MasterState(store, heartbeat_timeout=heartbeat_timeout,
-                            liveness="heartbeat" if membership is None else "external")
+                            liveness=Liveness.HEARTBEAT if membership is None else Liveness.EXTERNAL)
     except BaseException:
         if store is not None:
             store.close()
@@ -187,7 +189,7 @@ def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: Optional[str
         bound = server.add_insecure_port(_host_port(host, port))
     except RuntimeError as exc:
         bound = 0
-        cause: Optional[BaseException] = exc
+        cause: BaseException | None = exc
     else:
         cause = None
     if not bound:
@@ -209,7 +211,7 @@ def start_master(host: str = "127.0.0.1", port: int = 0, state_dir: Optional[str
             handle.stop(grace=0)
             raise
     _LOG.info("Master serving on %s (state dir %s, liveness %s, token %s)", address,
-              state_dir or "none: in memory", state.liveness, "on" if token else "off")
+              state_dir or "none: in memory", state.liveness.value, "on" if token else "off")
     return handle
 
 
@@ -223,7 +225,7 @@ def _reap(state: MasterState, stop_event: threading.Event) -> None:
 
 
 def _attach_membership(handle: MasterHandle, membership: MembershipBackend,
-                       state_dir: Optional[str]) -> None:
+                       state_dir: str | None) -> None:
     state = handle.state
 
     def on_event(event: MembershipEvent) -> None:
@@ -247,7 +249,7 @@ def _attach_membership(handle: MasterHandle, membership: MembershipBackend,
     handle._on_stop.append(unsubscribe)
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tf-ecrec master", description=(
         "Run the tf_ecrec job master: membership, dynamic data sharding, barriers."))
     parser.add_argument("--port", type=int, required=True, help="port to serve on; 0: any")
@@ -280,12 +282,12 @@ def read_token(path: str, flag: str = "--token-file") -> str:
     return token
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs a standalone master until SIGTERM/SIGINT; returns the exit code."""
     args = _parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    membership: Optional[MembershipBackend] = None
+    membership: MembershipBackend | None = None
     try:
         token = read_token(args.token_file) if args.token_file else None
         if args.zk:

@@ -1,7 +1,7 @@
 """The gRPC servicer: translates protobuf messages to :class:`MasterState` calls.
 
 No logic lives here.  Errors from the state become status codes; the
-trailing metadata key :data:`ERROR_KEY` names the tf_ecrec error class so that
+trailing metadata key :data:`~tf_ecrec.master.wire.ERROR_KEY` names the tf_ecrec error class so that
 the client raises the same type:
 
 =============================  ====================  =========================
@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
 from tf_ecrec import errors
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
-from tf_ecrec.master.sharding import DataStats, DatasetSpec, DEFAULT_MAX_SHARD_FAILURES
-from tf_ecrec.master.state import ALIVE, LEFT, LOST, ClusterView, MasterState
+from tf_ecrec.master.sharding import DEFAULT_MAX_SHARD_FAILURES, DataStats, DatasetSpec, ShardStatus
+from tf_ecrec.master.state.master_state import MasterState
+from tf_ecrec.master.state.tasks import ClusterView
+from tf_ecrec.master.wire import ERROR_KEY, shard_status_pb, task_status_pb
 
 _LOG = logging.getLogger(__name__)
-
-ERROR_KEY = "tf-ecrec-error"
 
 # Most specific first: the first matching class decides the code.
 _STATUS = (
@@ -48,7 +49,6 @@ _STATUS = (
     (errors.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (errors.MasterError, grpc.StatusCode.FAILED_PRECONDITION),
 )
-_TASK_STATUS = {ALIVE: pb.ALIVE, LOST: pb.LOST, LEFT: pb.LEFT}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,7 +81,7 @@ def _rpc(method: F) -> F:
 def cluster_pb(view: ClusterView) -> pb.Cluster:
     return pb.Cluster(version=view.version, ps_version=view.ps_version, tasks=[
         pb.TaskInfo(task_type=t.task_type, task_index=t.task_index, address=t.address,
-                    generation=t.generation, status=_TASK_STATUS[t.status])
+                    generation=t.generation, status=task_status_pb(t.status))
         for t in view.tasks])
 
 
@@ -162,9 +162,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         status, lease = self._state.get_shard(request.task.task_id, request.task.generation,
                                               request.dataset, request.request_id)
         if lease is None:
-            code = {"end": pb.GetShardResponse.END, "drain": pb.GetShardResponse.DRAIN,
-                    "wait": pb.GetShardResponse.WAIT}[status]
-            return pb.GetShardResponse(status=code, retry_after_s=0.5 if status == "wait" else 0)
+            return pb.GetShardResponse(status=shard_status_pb(status),
+                                       retry_after_s=0.5 if status is ShardStatus.WAIT else 0)
         epoch, _, _ = self._state.dataset_spec(request.dataset).shard_range(lease.shard_id)
         return pb.GetShardResponse(status=pb.GetShardResponse.SHARD, shard=pb.Shard(
             shard_id=lease.shard_id, attempt=lease.attempt, epoch=epoch,

@@ -4,7 +4,7 @@ A :class:`MembershipBackend` is used by one process.  A task ``join``\\ s with
 its address and stays a member while its process lives; every process may
 ``watch`` the member set.  Implementations:
 
-* :class:`~tf_ecrec.membership.embedded.EmbeddedMembership`: heartbeats to the
+* :class:`~tf_ecrec.master.membership.EmbeddedMembership`: heartbeats to the
   job master, which declares a task silent past its deadline lost.
 * :class:`~tf_ecrec.membership.zookeeper.ZooKeeperMembership`: an ephemeral
   znode per member, kept by the ZooKeeper session.
@@ -36,7 +36,8 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 _LOG = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Member:
         return f"{self.task_type}:{self.task_index}"
 
 
-class EventKind(enum.Enum):
+class EventKind(str, enum.Enum):
     CHANGED = "changed"            # The view changed (or: the first view).
     SUSPENDED = "suspended"        # Connection lost; the view is not trusted.
     RESUMED = "resumed"            # Connection and session back; view trusted.
@@ -94,8 +95,8 @@ class MembershipEvent:
 
     kind: EventKind
     members: Mapping[str, Member]
-    joined: Tuple[str, ...] = ()
-    departed: Tuple[str, ...] = ()
+    joined: tuple[str, ...] = ()
+    departed: tuple[str, ...] = ()
     departed_members: Mapping[str, Member] = dataclasses.field(default_factory=dict)
 
 
@@ -123,7 +124,7 @@ class MembershipBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def members(self) -> Dict[str, Member]:
+    def members(self) -> dict[str, Member]:
         """Returns the current members by key, read from the server.
 
         Raises:
@@ -143,7 +144,7 @@ class MembershipBackend(abc.ABC):
         session closes).  Idempotent.
         """
 
-    def __enter__(self) -> "MembershipBackend":
+    def __enter__(self) -> MembershipBackend:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -157,7 +158,7 @@ class MasterDirectory(Protocol):
     def publish_master(self, address: str, details: Mapping[str, Any]) -> None:
         """Advertises this process as the job's master; fails if another is live."""
 
-    def master_address(self) -> Optional[str]:
+    def master_address(self) -> str | None:
         """Returns the advertised master address, or ``None``."""
 
 
@@ -170,17 +171,17 @@ class Dispatcher:
     """
 
     def __init__(self, name: str) -> None:
-        self._callbacks: List[WatchCallback] = []
+        self._callbacks: list[WatchCallback] = []
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         # (event, its recipients, fixed when queued); ``None`` ends the thread.
-        self._queue: List[Optional[Tuple[MembershipEvent, Tuple[WatchCallback, ...]]]] = []
-        self._view: Optional[Dict[str, Member]] = None
+        self._queue: list[tuple[MembershipEvent, tuple[WatchCallback, ...]] | None] = []
+        self._view: dict[str, Member] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property
-    def view(self) -> Optional[Dict[str, Member]]:
+    def view(self) -> dict[str, Member] | None:
         """The last published view, ``None`` before the first."""
         with self._lock:
             return None if self._view is None else dict(self._view)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 from tf_ecrec.errors import MembershipError, MembershipTimeout
 from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
@@ -23,9 +23,9 @@ class FakeMembershipServer:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.members: Dict[str, Member] = {}
-        self.owners: Dict[str, "FakeMembership"] = {}
-        self.backends: List["FakeMembership"] = []
+        self.members: dict[str, Member] = {}
+        self.owners: dict[str, "FakeMembership"] = {}
+        self.backends: list["FakeMembership"] = []
         self.reachable = True
 
     def check(self) -> None:
@@ -55,7 +55,7 @@ class FakeMembership(MembershipBackend):
     def __init__(self, server: FakeMembershipServer) -> None:
         self._server = server
         self._dispatcher = Dispatcher("tf-ecrec-fake-membership-events")
-        self._member: Optional[Member] = None
+        self._member: Member | None = None
         self._closed = False
         self._session = 0
         with server.lock:
@@ -85,7 +85,7 @@ class FakeMembership(MembershipBackend):
                 del self._server.owners[member.key]
         self._server.publish()
 
-    def members(self) -> Dict[str, Member]:
+    def members(self) -> dict[str, Member]:
         """See base class."""
         self._server.check()
         with self._server.lock:

@@ -3,8 +3,7 @@
 Layout under the job path ``/<job>``::
 
     /<job>/members/<type>:<index>   ephemeral; JSON {"address", "generation"}
-    /<job>/master                   ephemeral; JSON {"address", "state_dir", ...}
-    /<job>/master_state             persistent; where the last master kept state
+    /<job>/master, /<job>/master_state   see :mod:`~tf_ecrec.membership.zk_master_directory`
 
 Session states, as kazoo documents them, and what this backend does:
 
@@ -19,8 +18,8 @@ Session states, as kazoo documents them, and what this backend does:
 
 The state listener and the watch callbacks only put work on a queue; one
 worker thread makes every ZooKeeper call and runs the watchers' callbacks
-(kazoo forbids blocking calls inside listeners).  Operations go through a
-bounded :class:`kazoo.retry.KazooRetry` and end in
+(kazoo forbids blocking calls inside listeners).  Operations are bounded
+(:mod:`~tf_ecrec.membership.zk_connection`) and end in
 :class:`~tf_ecrec.errors.MembershipTimeout` at their deadline.  The initial
 connect waits at most ``connect_timeout``.
 
@@ -32,47 +31,36 @@ znode version); an older one is refused.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
 import queue
-import socket
 import threading
-import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss,
-                              KazooException, NodeExistsError, NoNodeError, SessionExpiredError,
-                              ZookeeperError)
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch
-from kazoo.retry import KazooRetry, RetryFailedError
 
-from tf_ecrec.errors import ConfigError, MasterError, MembershipError, MembershipTimeout
+from tf_ecrec.errors import ConfigError, MembershipError
 from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
                                       WatchCallback)
+from tf_ecrec.membership.zk_connection import ZkConnection, parse_zk_url
+from tf_ecrec.membership.zk_master_directory import ZkMasterDirectory
 
 _LOG = logging.getLogger(__name__)
 
-_REFRESH = "refresh"
-_WATCH = "watch"
-_STOP = "stop"
 
+class _Work(str, enum.Enum):
+    """What the worker thread is asked to do."""
 
-def parse_zk_url(url: str) -> Tuple[str, str]:
-    """Splits ``"h1:2181,h2:2181/jobs/ctr"`` into hosts and the job path.
-
-    Raises:
-      ConfigError: no hosts or no job path below the root.
-    """
-    hosts, sep, path = url.partition("/")
-    path = "/" + path.strip("/")
-    if not hosts or not sep or path == "/":
-        raise ConfigError(f"ZooKeeper address {url!r}; rule: HOST:PORT[,HOST:PORT...]/job/path "
-                          "with a job path below the root")
-    return hosts, path
+    REFRESH = "refresh"  # Re-read the members and publish the view.
+    WATCH = "watch"      # Start the children watch.
+    STATE = "state"      # Handle a session state change (with the state).
+    STOP = "stop"        # End the thread.
 
 
 class ZooKeeperMembership(MembershipBackend):
@@ -99,35 +87,26 @@ class ZooKeeperMembership(MembershipBackend):
         self.hosts = hosts
         self.job_path = job_path.rstrip("/")
         self._members_path = f"{self.job_path}/members"
-        self._connect_timeout = connect_timeout
-        self._op_timeout = op_timeout
-        self._session_timeout = session_timeout
-        # Retries connection loss and session expiry (kazoo then opens a new
-        # session) until the deadline.
-        self._retry = KazooRetry(max_tries=40, delay=0.05, backoff=2, max_delay=0.5,
-                                 deadline=op_timeout)
-        # Reconnects go on for the life of the process (a ZooKeeper restart must
-        # not end membership) but never wait more than 1 s between attempts.
-        self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
-            command_retry=self._retry)
+        self._zk = ZkConnection(hosts, session_timeout=session_timeout,
+                                connect_timeout=connect_timeout, op_timeout=op_timeout)
+        self._client = self._zk.client
+        self._op = self._zk.op
+        self._directory = ZkMasterDirectory(self._zk, self.job_path)
         self._lock = threading.Lock()
         self._member_lock = threading.Lock()  # Serializes writes of our member znode.
         self._started = False
         self._closing = False  # No new work: closing, or the first connect failed.
         self._closed = False
-        self._member: Optional[Member] = None
-        self._master: Optional[Dict[str, Any]] = None
-        self._work: "queue.Queue[Any]" = queue.Queue()
+        self._member: Member | None = None
+        self._work: queue.Queue[tuple[_Work, str]] = queue.Queue()
         self._dispatcher = Dispatcher("tf-ecrec-zk-membership-events")
-        self._children_watch: Optional[ChildrenWatch] = None
+        self._children_watch: ChildrenWatch | None = None
         self._session_lost = False
         self._worker = threading.Thread(target=self._run, name="tf-ecrec-zk-membership",
                                         daemon=True)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> "ZooKeeperMembership":
+    def from_url(cls, url: str, **kwargs: Any) -> ZooKeeperMembership:
         """Builds a backend from ``HOST:PORT[,HOST:PORT...]/job/path``."""
         hosts, path = parse_zk_url(url)
         return cls(hosts, path, **kwargs)
@@ -146,53 +125,16 @@ class ZooKeeperMembership(MembershipBackend):
             if self._closing:
                 raise MembershipError("this ZooKeeperMembership is closed")
             try:
-                self._client.start(timeout=self._connect_timeout)
-            except KazooTimeoutError as exc:
-                self._client.stop()
-                self._client.close()
+                self._zk.start(self._on_state)
+            except MembershipError:
                 self._closing = True
-                raise MembershipTimeout(
-                    f"ZooKeeper at {self.hosts} not reachable within "
-                    f"{self._connect_timeout:g}s. See inner exception for details.") from exc
-            self._client.add_listener(self._on_state)
+                raise
             self._started = True
             self._worker.start()
 
     def _on_state(self, state: str) -> None:
         # A kazoo state listener: must not block or call ZooKeeper.  Hand off.
-        self._work.put(("state", state))
-
-    def _op(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Runs one ZooKeeper operation under the bounded retry and deadline.
-
-        ``func`` is a synchronous kazoo method; its ``_async`` twin is called
-        and awaited with the time left, because kazoo's synchronous calls
-        wait without limit while the connection is down.
-        ``NoNodeError``, ``NodeExistsError`` and ``BadVersionError`` reach the
-        caller; everything else from kazoo is wrapped.
-        """
-        what = f"{func.__name__} {args[0] if args else ''}"
-        call_async = getattr(self._client, f"{func.__name__}_async")
-        deadline = time.monotonic() + self._op_timeout
-
-        def attempt() -> Any:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KazooTimeoutError(f"deadline of {self._op_timeout:g}s passed")
-            return call_async(*args, **kwargs).get(timeout=left)
-
-        try:
-            return self._retry.copy()(attempt)
-        except (NoNodeError, NodeExistsError, BadVersionError):
-            raise
-        except (RetryFailedError, KazooTimeoutError, ConnectionLoss, SessionExpiredError,
-                ConnectionClosedError) as exc:
-            raise MembershipTimeout(
-                f"ZooKeeper at {self.hosts} did not complete {what} within "
-                f"{self._op_timeout:g}s. See inner exception for details.") from exc
-        except KazooException as exc:
-            raise MembershipError(f"ZooKeeper at {self.hosts} refused {what}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+        self._work.put((_Work.STATE, state))
 
     # --- MembershipBackend --------------------------------------------------------
 
@@ -215,12 +157,12 @@ class ZooKeeperMembership(MembershipBackend):
         path = f"{self._members_path}/{member.key}"
         try:
             _, stat = self._op(self._client.get, path)
-            if stat.ephemeralOwner == self._client.client_id[0]:
+            if stat.ephemeralOwner == self._zk.session_id:
                 self._op(self._client.delete, path, version=stat.version)
         except (NoNodeError, BadVersionError):
             pass
 
-    def members(self) -> Dict[str, Member]:
+    def members(self) -> dict[str, Member]:
         """See base class."""
         self._ensure_started()
         return self._read_members()
@@ -230,7 +172,7 @@ class ZooKeeperMembership(MembershipBackend):
         self._ensure_started()
         self._op(self._client.ensure_path, self._members_path)
         unsubscribe = self._dispatcher.subscribe(callback, self._read_members())
-        self._work.put(_WATCH)  # kazoo's recipe calls ZooKeeper without a deadline.
+        self._work.put((_Work.WATCH, ""))  # kazoo's recipe calls ZooKeeper without a deadline.
         return unsubscribe
 
     def close(self) -> None:
@@ -241,13 +183,10 @@ class ZooKeeperMembership(MembershipBackend):
             self._closed = self._closing = True
             started, self._started = self._started, False
         if started:
-            self._work.put(_STOP)
+            self._work.put((_Work.STOP, ""))
             if self._worker is not threading.current_thread():
-                self._worker.join(timeout=self._op_timeout + 1.0)
-            try:
-                self._client.stop()
-            finally:
-                self._client.close()
+                self._worker.join(timeout=self._zk.op_timeout + 1.0)
+            self._zk.stop()
         self._dispatcher.close()
 
     # --- master directory -----------------------------------------------------
@@ -260,54 +199,12 @@ class ZooKeeperMembership(MembershipBackend):
             so another master is live.
         """
         self._ensure_started()
-        info = dict(details, address=address, host=socket.gethostname())
-        with self._lock:
-            self._master = info
-        self._op(self._client.ensure_path, self.job_path)
-        self._create_master(info)
-        self._op(self._client.ensure_path, f"{self.job_path}/master_state")
-        self._op(self._client.set, f"{self.job_path}/master_state",
-                 json.dumps({k: info[k] for k in info if k != "pid"}).encode())
-        _LOG.info("Published master %s at %s/master", address, self.job_path)
+        self._directory.publish(address, details)
 
-    def master_address(self) -> Optional[str]:
+    def master_address(self) -> str | None:
         """Returns the live master's address, or ``None``."""
         self._ensure_started()
-        try:
-            data, _ = self._op(self._client.get, f"{self.job_path}/master")
-        except NoNodeError:
-            return None
-        return json.loads(data.decode()).get("address")
-
-    def _create_master(self, info: Dict[str, Any]) -> None:
-        path = f"{self.job_path}/master"
-        data = json.dumps(info).encode()
-        gone = threading.Event()
-        wait = self._session_timeout * 1.5 + 1.0
-        for _ in range(10):
-            try:
-                self._op(self._client.create, path, data, ephemeral=True)
-                return
-            except NodeExistsError:
-                pass
-            try:
-                holder, stat = self._op(self._client.get, path)
-            except NoNodeError:
-                continue
-            if stat.ephemeralOwner == self._client.client_id[0]:
-                self._op(self._client.set, path, data)
-                return
-            gone.clear()
-            exists = self._op(self._client.exists, path, watch=lambda event: gone.set())
-            if exists is None:
-                continue
-            _LOG.info("Another master's znode %s exists; waiting up to %.0fs for its session "
-                      "to end", path, wait)
-            if not gone.wait(wait):
-                raise MasterError(
-                    f"another master is live: {path} = {holder!r} outlived {wait:.0f}s; "
-                    "rule: one master per job")
-        raise MasterError(f"could not create {path}: masters kept replacing each other")
+        return self._directory.address()
 
     # --- members ----------------------------------------------------------------
 
@@ -333,7 +230,7 @@ class ZooKeeperMembership(MembershipBackend):
                 raw, stat = self._op(self._client.get, path)
             except NoNodeError:
                 continue
-            if stat.ephemeralOwner == self._client.client_id[0]:
+            if stat.ephemeralOwner == self._zk.session_id:
                 self._op(self._client.set, path, data, version=stat.version)
                 return
             held = json.loads(raw.decode()).get("generation", 0)
@@ -348,7 +245,7 @@ class ZooKeeperMembership(MembershipBackend):
                 pass
         raise MembershipError(f"could not create {path}: it kept changing under us")
 
-    def _read_members(self) -> Dict[str, Member]:
+    def _read_members(self) -> dict[str, Member]:
         try:
             children = self._op(self._client.get_children, self._members_path)
         except NoNodeError:
@@ -372,27 +269,27 @@ class ZooKeeperMembership(MembershipBackend):
         return view
 
     def _on_children(self, children: Any) -> None:
-        self._work.put(_REFRESH)  # Watch callback: no ZooKeeper calls here.
+        self._work.put((_Work.REFRESH, ""))  # Watch callback: no ZooKeeper calls here.
 
     def _on_data(self, event: Any) -> None:
-        self._work.put(_REFRESH)
+        self._work.put((_Work.REFRESH, ""))
 
     # --- worker thread --------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            item = self._work.get()
-            if item == _STOP:
+            work, state = self._work.get()
+            if work is _Work.STOP:
                 return
             try:
-                if item == _REFRESH:
+                if work is _Work.REFRESH:
                     self._refresh()
-                elif item == _WATCH:
+                elif work is _Work.WATCH:
                     if self._children_watch is None:
                         self._children_watch = ChildrenWatch(self._client, self._members_path,
                                                              func=self._on_children)
                 else:
-                    self._handle_state(item[1])
+                    self._handle_state(state)
             except (KazooException, ZookeeperError, MembershipError) as exc:
                 # Disconnected again: the next CONNECTED queues a refresh.
                 _LOG.info("ZooKeeper work deferred (%s: %s)", type(exc).__name__, exc)
@@ -422,15 +319,15 @@ class ZooKeeperMembership(MembershipBackend):
                 self._dispatcher.publish(EventKind.SELF_LOST)
         elif state == KazooState.CONNECTED:
             with self._lock:
-                member, master = self._member, self._master
+                member = self._member
             rejoined = False
             if member is not None:
                 path = f"{self._members_path}/{member.key}"
                 if self._session_lost or self._op(self._client.exists, path) is None:
                     self._create_member()
                     rejoined = True
-            if master is not None and self._session_lost:
-                self._create_master(master)
+            if self._session_lost:
+                self._directory.recreate()
             self._session_lost = False
             if rejoined:
                 _LOG.info("Re-created member %s after the session was lost", member)

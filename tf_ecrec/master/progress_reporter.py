@@ -1,4 +1,4 @@
-"""Worker-side shard progress: attributing trained records to leases, sending them.
+"""The worker side of shard progress: attributes trained records to leases and reports them.
 
 The input pipeline reads leases in order and registers each with a
 :class:`ShardTracker` as it starts reading it.  After every training step
@@ -21,14 +21,16 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from tf_ecrec.errors import EcRecError, MasterUnavailable
-from tf_ecrec.master.client import ShardLease
+from tf_ecrec.master.rate_limited_log import RateLimitedLogger
+from tf_ecrec.master.replies import ShardLease
 
 _LOG = logging.getLogger(__name__)
 
-_Key = Tuple[str, int, int]  # (dataset, shard_id, attempt)
+_Key = tuple[str, int, int]  # (dataset, shard_id, attempt)
 
 
 def _key(lease: ShardLease) -> _Key:
@@ -48,7 +50,7 @@ class ShardTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._leases: Deque[List] = collections.deque()  # [lease, trained]
+        self._leases: collections.deque[list[Any]] = collections.deque()  # [lease, trained]
         self.untracked_records = 0
 
     def add(self, lease: ShardLease) -> None:
@@ -56,7 +58,7 @@ class ShardTracker:
         with self._lock:
             self._leases.append([lease, 0])
 
-    def record_trained(self, records: int) -> List[ProgressUpdate]:
+    def record_trained(self, records: int) -> list[ProgressUpdate]:
         """Attributes ``records`` trained by one step; returns the updates to send.
 
         Records beyond every tracked lease are counted in
@@ -78,7 +80,7 @@ class ShardTracker:
             self.untracked_records += records
         return updates
 
-    def open_leases(self) -> List[ProgressUpdate]:
+    def open_leases(self) -> list[ProgressUpdate]:
         """The leases not yet fully trained, with their counts."""
         with self._lock:
             return [ProgressUpdate(lease, trained) for lease, trained in self._leases]
@@ -89,33 +91,6 @@ def track(leases: Iterable[ShardLease], tracker: ShardTracker) -> Iterator[Shard
     for lease in leases:
         tracker.add(lease)
         yield lease
-
-
-class RateLimitedLogger:
-    """Logs a warning at most every ``every_secs``, counting the ones suppressed."""
-
-    def __init__(self, logger: logging.Logger, every_secs: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._logger = logger
-        self._every = every_secs
-        self._clock = clock
-        self._last: Optional[float] = None
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def warning(self, msg: str, *args: object) -> bool:
-        """Logs unless one was logged less than ``every_secs`` ago; True if logged."""
-        with self._lock:
-            now = self._clock()
-            if self._last is not None and now - self._last < self._every:
-                self._suppressed += 1
-                return False
-            suppressed, self._suppressed, self._last = self._suppressed, 0, now
-        if suppressed:
-            msg += " (%d similar warnings suppressed)"
-            args += (suppressed,)
-        self._logger.warning(msg, *args)
-        return True
 
 
 class ProgressSender:
@@ -148,18 +123,18 @@ class ProgressSender:
         self._min_interval = min_interval
         self._flushing = threading.Event()
         self._report = report
-        self._queue: "queue.Queue[ProgressUpdate]" = queue.Queue(max_queue)
+        self._queue: queue.Queue[ProgressUpdate] = queue.Queue(max_queue)
         self._retry_interval = retry_interval
         self._logger = logger
         self._unreachable = RateLimitedLogger(logger, warn_every_secs)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._overflow: Dict[_Key, ProgressUpdate] = {}
-        self._pending: Dict[_Key, ProgressUpdate] = {}
+        self._overflow: dict[_Key, ProgressUpdate] = {}
+        self._pending: dict[_Key, ProgressUpdate] = {}
         self._busy = False
         self._stopping = threading.Event()
         self._wake = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self.sent = 0
         self.dropped = 0
 
@@ -179,7 +154,7 @@ class ProgressSender:
         self._wake.set()
 
     @property
-    def unsent(self) -> List[ProgressUpdate]:
+    def unsent(self) -> list[ProgressUpdate]:
         """Updates not yet acknowledged by the master."""
         with self._lock:
             merged = dict(self._pending)
@@ -262,7 +237,7 @@ class ProgressSender:
                 self._stopping.wait(self._min_interval)  # Throttle: batch the next steps.
 
 
-def _merge(into: Dict[_Key, ProgressUpdate], update: ProgressUpdate) -> None:
+def _merge(into: dict[_Key, ProgressUpdate], update: ProgressUpdate) -> None:
     key = _key(update.lease)
     old = into.get(key)
     if old is None or update.records > old.records:

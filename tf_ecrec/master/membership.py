@@ -1,4 +1,8 @@
-"""Membership through the job master: heartbeats in, cluster versions out.
+"""The embedded membership backend: membership kept by the job master itself.
+
+Heartbeats go in, cluster versions come out.  This is the backend of
+:mod:`tf_ecrec.membership.base` that talks to the gRPC master, so it lives on
+the master's side (the membership package never imports the master).
 
 The master is the authority: a task that has not heartbeated for the
 master's ``heartbeat_timeout`` is declared LOST there (its shards re-queued,
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 from tf_ecrec.errors import (MasterUnavailable, MembershipLost, MembershipTimeout,
                              StaleGenerationError)
-from tf_ecrec.master.client import Cluster, MasterClient
+from tf_ecrec.master.client import MasterClient
+from tf_ecrec.master.replies import Cluster
+from tf_ecrec.master.state.tasks import TaskStatus
 from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
                                       WatchCallback)
 from tf_ecrec.retry import Retry
@@ -34,10 +40,10 @@ from tf_ecrec.retry import Retry
 _LOG = logging.getLogger(__name__)
 
 
-def _members_of(cluster: Cluster) -> Dict[str, Member]:
+def _members_of(cluster: Cluster) -> dict[str, Member]:
     return {t.task_id: Member(t.task_type, t.task_index, t.address, t.generation,
                               incarnation=f"generation-{t.generation}")
-            for t in cluster.tasks if t.status == "alive"}
+            for t in cluster.tasks if t.status == TaskStatus.ALIVE}
 
 
 class EmbeddedMembership(MembershipBackend):
@@ -52,8 +58,8 @@ class EmbeddedMembership(MembershipBackend):
         (``join``, ``leave``, ``members``).
     """
 
-    def __init__(self, master_address: str, *, token: Optional[str] = None,
-                 heartbeat_interval: Optional[float] = None, timeout: float = 5.0) -> None:
+    def __init__(self, master_address: str, *, token: str | None = None,
+                 heartbeat_interval: float | None = None, timeout: float = 5.0) -> None:
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError(f"heartbeat_interval={heartbeat_interval}; rule: > 0")
         self._address = master_address
@@ -63,12 +69,12 @@ class EmbeddedMembership(MembershipBackend):
         self._retry = Retry(max_tries=20, delay=0.05, max_delay=0.5, deadline=timeout)
         self._observer = MasterClient(master_address, None, token=token,
                                       timeout=min(timeout, 2.0), retry=self._retry)
-        self._client: Optional[MasterClient] = None
-        self._member: Optional[Member] = None
+        self._client: MasterClient | None = None
+        self._member: Member | None = None
         self._lock = threading.Lock()
         self._dispatcher = Dispatcher("tf-ecrec-embedded-membership-events")
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._suspended = False
         self._version = -1
 
@@ -112,7 +118,7 @@ class EmbeddedMembership(MembershipBackend):
             raise MembershipTimeout(f"could not leave through master {self._address} within "
                                     f"{self._timeout:g}s") from exc
 
-    def members(self) -> Dict[str, Member]:
+    def members(self) -> dict[str, Member]:
         """See base class."""
         try:
             return _members_of(self._observer.get_cluster())
@@ -138,7 +144,7 @@ class EmbeddedMembership(MembershipBackend):
         self._observer.close()
 
     @property
-    def client(self) -> Optional[MasterClient]:
+    def client(self) -> MasterClient | None:
         """The task's client after ``join``; share it for data calls and hooks.
 
         Its generation follows re-registrations, so leases of a lost
@@ -148,7 +154,7 @@ class EmbeddedMembership(MembershipBackend):
             return self._client
 
     @property
-    def member(self) -> Optional[Member]:
+    def member(self) -> Member | None:
         """This process's member with its current generation, if joined."""
         with self._lock:
             return self._member
