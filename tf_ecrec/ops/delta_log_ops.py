@@ -95,6 +95,11 @@ def delta_log(shared_name: str = DEFAULT_DELTA_LOG_NAME, container: str = "", na
     return call_op("ec_rec_delta_log_handle", container=container, shared_name=shared_name, name=name)
 
 
+def call_log_op(op: str, log: tf.Tensor, name: str | None, **inputs: object) -> object:
+    """Builds the op ``op`` on the delta log ``log`` (its first input) with its other ``inputs``."""
+    return call_op(op, log=resource_handle(log, "log"), name=name, **inputs)
+
+
 def assign_add_logged(
     var: VariableLike,
     value: tf.Tensor | object,
@@ -162,13 +167,7 @@ def delta_log_commit(
         name: Op name.
         bypass_fence: Commit even fenced steps.
     """
-    return call_op(
-        "ec_rec_delta_log_commit",
-        log=resource_handle(log, "log"),
-        sid=int64_tensor(sid, "sid"),
-        bypass_fence=bypass_fence,
-        name=name,
-    )
+    return call_log_op("ec_rec_delta_log_commit", log, name, sid=int64_tensor(sid, "sid"), bypass_fence=bypass_fence)
 
 
 def delta_log_commit_in_order(
@@ -187,41 +186,32 @@ def delta_log_commit_in_order(
     an older generation (unless ``bypass_fence``), or after ``timeout_ms``
     (0: at once, instead of waiting).
     """
-    return call_op(
+    return call_log_op(
         "ec_rec_delta_log_commit_in_order",
-        log=resource_handle(log, "log"),
+        log,
+        name,
         sid=int64_tensor(sid, "sid"),
         timeout_ms=int(timeout_ms),
         bypass_fence=bypass_fence,
-        name=name,
     )
 
 
 def delta_log_set_generation(log: tf.Tensor, generation: IntLike, name: str | None = None) -> tf.Operation | None:
     """Raises the log's minimum generation: older steps' writes and commits then fail (Aborted)."""
-    return call_op(
-        "ec_rec_delta_log_set_generation",
-        log=resource_handle(log, "log"),
-        generation=int64_tensor(generation, "generation"),
-        name=name,
-    )
+    return call_log_op("ec_rec_delta_log_set_generation", log, name, generation=int64_tensor(generation, "generation"))
 
 
 def delta_log_seq_of(log: tf.Tensor, sid: IntLike, target: IntLike, name: str | None = None) -> tf.Tensor:
     """The seq of the log's entry of ``(sid, target)``, -1 if none (int64 scalar)."""
-    return call_op(
-        "ec_rec_delta_log_seq_of",
-        log=resource_handle(log, "log"),
-        sid=int64_tensor(sid, "sid"),
-        target=int32_tensor(target, "target"),
-        name=name,
+    return call_log_op(
+        "ec_rec_delta_log_seq_of", log, name, sid=int64_tensor(sid, "sid"), target=int32_tensor(target, "target")
     )
 
 
 def delta_log_pending(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The steps with entries in the log: ``sids`` (int64), ``age_secs`` (float32, of the
     first entry) and ``waiting`` (bool: a round-1 commit of it is waiting)."""
-    return call_op("ec_rec_delta_log_pending", log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_delta_log_pending", log, name)
 
 
 def delta_log_fence(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | None = None) -> tf.Operation | None:
@@ -234,9 +224,7 @@ def delta_log_fence(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | N
     surviving log, before it reads the logs it acts on. Committing a step id
     lifts its fence (a committed id is refused anyway).
     """
-    return call_op(
-        "ec_rec_delta_log_fence", log=resource_handle(log, "log"), sids=int64_tensor(sids, "sids"), name=name
-    )
+    return call_log_op("ec_rec_delta_log_fence", log, name, sids=int64_tensor(sids, "sids"))
 
 
 def delta_log_drop(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | None = None) -> tf.Operation | None:
@@ -246,7 +234,7 @@ def delta_log_drop(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | No
     step after recovery: a committed mark on any log tells a recovery that
     is itself cut and rerun that the step is settled everywhere.
     """
-    return call_op("ec_rec_delta_log_drop", log=resource_handle(log, "log"), sids=int64_tensor(sids, "sids"), name=name)
+    return call_log_op("ec_rec_delta_log_drop", log, name, sids=int64_tensor(sids, "sids"))
 
 
 def delta_log_read(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, ...]:
@@ -267,7 +255,7 @@ def delta_log_read(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, 
         ``data_committed`` (int64, round-1 commits) and ``generation``
         (int64 scalar).
     """
-    return call_op("ec_rec_delta_log_read", log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_delta_log_read", log, name)
 
 
 def delta_log_undo(
@@ -302,12 +290,12 @@ def delta_log_undo(
     Returns:
         bool scalar: whether the entry was there and has been undone.
     """
-    return call_op(
+    return call_log_op(
         "ec_rec_delta_log_undo",
-        log=resource_handle(log, "log"),
+        log,
+        name,
         vars=resource_handles(variables),
         seq=int64_tensor(seq, "seq"),
         target=int32_tensor(target, "target"),
         ordered=ordered,
-        name=name,
     )
