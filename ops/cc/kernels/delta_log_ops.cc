@@ -183,10 +183,9 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogDrop").Device(DEVICE_CPU),
 
 // --- undo and XOR -------------------------------------------------------------
 
-class DeltaLogUndoOp : public OpKernel {
+class DeltaLogUndoOp : public VarsOpKernel {
  public:
-  explicit DeltaLogUndoOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  explicit DeltaLogUndoOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ordered", &ordered_));
   }
 
@@ -216,17 +215,14 @@ class DeltaLogUndoOp : public OpKernel {
   }
 
  private:
-  int n_ = 1;
   bool ordered_ = true;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogUndo").Device(DEVICE_CPU),
                         DeltaLogUndoOp);
 
-class XorRowsOp : public OpKernel {
+class XorRowsOp : public VarsOpKernel {
  public:
-  explicit XorRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& delta = ctx->input(n_ + 1);
@@ -239,9 +235,6 @@ class XorRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, XorRowsInto(locked, rows, delta.matrix<int32>().data(),
                                     delta.dim_size(1)));
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>XorRows").Device(DEVICE_CPU), XorRowsOp);
 

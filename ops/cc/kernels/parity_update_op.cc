@@ -207,22 +207,20 @@ class ParityUpdateOp : public OpKernel {
   bool dedupe_ = false;
 };
 
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdate")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32>("Tindices"),
-                        ParityUpdateOp<int32, false>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdate")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tindices"),
-                        ParityUpdateOp<int64_t, false>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdateLogged")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32>("Tindices"),
-                        ParityUpdateOp<int32, true>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdateLogged")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tindices"),
-                        ParityUpdateOp<int64_t, true>);
+#define EC_REC_REGISTER_PARITY_UPDATE(NAME, LOGGED)                  \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                \
+                              .Device(DEVICE_CPU)                   \
+                              .TypeConstraint<int32>("Tindices"),   \
+                          ParityUpdateOp<int32, LOGGED>);           \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                \
+                              .Device(DEVICE_CPU)                   \
+                              .TypeConstraint<int64_t>("Tindices"), \
+                          ParityUpdateOp<int64_t, LOGGED>)
+
+EC_REC_REGISTER_PARITY_UPDATE("EcRec>ParityUpdate", false);
+EC_REC_REGISTER_PARITY_UPDATE("EcRec>ParityUpdateLogged", true);
+
+#undef EC_REC_REGISTER_PARITY_UPDATE
 
 }  // namespace
 }  // namespace ec_rec

@@ -27,11 +27,9 @@ Status CheckRange(int64_t start, int64_t count, int64_t rows) {
   return OkStatus();
 }
 
-class ReadRowWordsOp : public OpKernel {
+class ReadRowWordsOp : public VarsOpKernel {
  public:
-  explicit ReadRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t start = ctx->input(n_).scalar<int64_t>()();
@@ -52,9 +50,6 @@ class ReadRowWordsOp : public OpKernel {
                    [start](int64_t i) { return start + i; },
                    const_cast<char*>(out->tensor_data().data()));
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ReadRowWords").Device(DEVICE_CPU),
                         ReadRowWordsOp);
@@ -120,17 +115,15 @@ class CombineRowsOp : public OpKernel {
   }
 
  private:
-  int n_ = 1;
+  int n_ = 1;  // parts
   int bits_ = 16;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>CombineRows").Device(DEVICE_CPU),
                         CombineRowsOp);
 
-class WriteRowWordsOp : public OpKernel {
+class WriteRowWordsOp : public VarsOpKernel {
  public:
-  explicit WriteRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t start = ctx->input(n_).scalar<int64_t>()();
@@ -150,9 +143,6 @@ class WriteRowWordsOp : public OpKernel {
                   /*add=*/false);
     }
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>WriteRowWords").Device(DEVICE_CPU),
                         WriteRowWordsOp);

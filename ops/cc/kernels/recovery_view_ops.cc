@@ -118,10 +118,9 @@ class WaitWantedOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("EcRec>WaitWanted").Device(DEVICE_CPU),
                         WaitWantedOp);
 
-class InstallRowWordsOp : public OpKernel {
+class InstallRowWordsOp : public VarsOpKernel {
  public:
-  explicit InstallRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  explicit InstallRowWordsOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("add", &add_));
   }
 
@@ -161,7 +160,6 @@ class InstallRowWordsOp : public OpKernel {
   }
 
  private:
-  int n_ = 1;
   bool add_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>InstallRowWords").Device(DEVICE_CPU),
@@ -196,11 +194,9 @@ Status EndPreserve(OpKernelContext*, DeltaLog* log) {
 REGISTER_KERNEL_BUILDER(Name("EcRec>PreserveEnd").Device(DEVICE_CPU),
                         DeltaLogOp<EndPreserve>);
 
-class ReadPreservedRowWordsOp : public OpKernel {
+class ReadPreservedRowWordsOp : public VarsOpKernel {
  public:
-  explicit ReadPreservedRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> rows;
@@ -226,9 +222,6 @@ class ReadPreservedRowWordsOp : public OpKernel {
                    reinterpret_cast<char*>(dst));
     OP_REQUIRES_OK(ctx, log->view().Substitute(key, rows.data(), n, width, dst));
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ReadPreservedRowWords").Device(DEVICE_CPU),
                         ReadPreservedRowWordsOp);

@@ -45,6 +45,17 @@ inline Status LockWordTables(OpKernelContext* ctx, int first, int n,
   return OkStatus();
 }
 
+// A kernel of an op whose variables are the input list `vars: N * resource`.
+class VarsOpKernel : public OpKernel {
+ public:
+  explicit VarsOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  }
+
+ protected:
+  int n_ = 1;  // N
+};
+
 // The variables of an op taking `vars: N * resource`, locked as word tables
 // (LockWordTables) until destruction.
 struct LockedWordTables {
