@@ -50,6 +50,16 @@ def float_tensor(value: FloatLike, what: str) -> tf.Tensor:
     return tf.convert_to_tensor(value, dtype=tf.float32, name=what)
 
 
+def int32_tensor(value: IntLike | object, what: str) -> tf.Tensor:
+    """An int32 tensor (ids, coefficients, words)."""
+    return tf.convert_to_tensor(value, dtype=tf.int32, name=what)
+
+
+def int64_tensor(value: IntLike | object, what: str) -> tf.Tensor:
+    """An int64 tensor (step ids, seqs, row numbers)."""
+    return tf.convert_to_tensor(value, dtype=tf.int64, name=what)
+
+
 def log_inputs(
     log: tf.Tensor | None,
     sid: IntLike | None,
@@ -78,11 +88,10 @@ def log_inputs(
         raise ValueError("a logged update needs `sid` (the step id) and `target` (the variable's id)")
     inputs: dict[str, Any] = {
         "log": resource_handle(log, "log"),
-        "sid": tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"),
-        "target": tf.convert_to_tensor(target, dtype=tf.int32, name="target"),
+        "sid": int64_tensor(sid, "sid"),
+        "target": int32_tensor(target, "target"),
         "bypass_fence": bool(bypass_fence),
     }
     for key, value in source.items():
-        dtype = tf.int64 if key == "source_seq" else tf.int32
-        inputs[key] = tf.convert_to_tensor(value, dtype=dtype, name=key)
+        inputs[key] = (int64_tensor if key == "source_seq" else int32_tensor)(value, key)
     return inputs

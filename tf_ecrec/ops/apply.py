@@ -23,11 +23,32 @@ optimizer (see ``ops/cc/kernels/optimizer_rules.h``); Adam is the "lazy"
 variant, since TensorFlow has no sparse Adam kernel. With ``log=``, ``sid=``
 and ``target=`` a wrapper runs the op's ``...Logged`` variant, which also
 appends the delta to a delta log (:mod:`tf_ecrec.ops.delta_log_ops`).
+
+Arguments every apply wrapper takes:
+
+    grad: float32 ``[n, ...]``, one row (shaped like ``var``'s) per id.
+    indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat
+        (occurrences apply one after another in input order).
+    name: Op name.
+    log: A delta log handle on ``var``'s device
+        (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
+        variant, which also appends the delta of each distinct row to it.
+    sid: int64 step id of the logged update (with ``log``).
+    target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
+    bypass_fence: Apply even if ``sid`` is fenced or committed in the log
+        (recovery finishing a step); otherwise such an update fails with
+        ``tf.errors.AbortedError`` and changes nothing.
+
+Every wrapper raises ``tf.errors.InvalidArgumentError`` at run time for
+out-of-range ids or mismatched shapes (also at graph build time when shapes
+are static), and ``ValueError`` for ``sid``, ``target`` or ``bypass_fence``
+without ``log`` or ``log`` without ``sid`` and ``target``.
 """
 
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import tensorflow as tf
 
@@ -40,7 +61,7 @@ from tf_ecrec.ops._inputs import (
     log_inputs,
     resource_handle,
 )
-from tf_ecrec.ops.loader import load_library
+from tf_ecrec.ops.loader import call_op
 
 __all__ = [
     "lazy_adam_learning_rate",
@@ -71,37 +92,22 @@ def sparse_apply_sgd_with_delta(
 
     Args:
         var: float32 resource variable ``[rows, ...]``, e.g. a table ``[rows, dim]``.
-        grad: float32 ``[n, ...]``, one row (shaped like ``var``'s) per id.
-        indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat.
         lr: Learning rate, float32 scalar.
-        name: Op name.
-        log: A delta log handle on ``var``'s device
-            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
-            variant, which also appends the delta of each distinct row to it.
-        sid: int64 step id of the logged update (with ``log``).
-        target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
-        bypass_fence: Apply even if ``sid`` is fenced or committed in the
-            log (recovery finishing a step); otherwise such an update fails
-            with ``tf.errors.AbortedError`` and changes nothing.
+        grad, indices, name, log, sid, target, bypass_fence: See the module
+            docstring.
 
     Returns:
         int32 ``[n, dim]``: ``bitcast(old) ^ bitcast(new)`` of each touched row
         at its first occurrence in ``indices``, zeros at later occurrences.
-
-    Raises:
-        tf.errors.InvalidArgumentError: At run time, for out-of-range ids or
-            mismatched shapes (also at graph build time when shapes are static).
     """
-    logged = log_inputs(log, sid, target, bypass_fence)
-    lib = load_library()
-    op = lib.ec_rec_sparse_apply_sgd_with_delta if logged is None else lib.ec_rec_sparse_apply_sgd_with_delta_logged
-    return op(
-        **(logged or {}),
-        var=resource_handle(var, "var"),
-        lr=float_tensor(lr, "lr"),
-        grad=tf.convert_to_tensor(grad, dtype=tf.float32, name="grad"),
-        indices=index_tensor(indices, "indices"),
-        name=name,
+    return _apply(
+        "ec_rec_sparse_apply_sgd_with_delta",
+        log_inputs(log, sid, target, bypass_fence),
+        {"var": var},
+        {"lr": lr},
+        grad,
+        indices,
+        name,
     )
 
 
@@ -127,34 +133,22 @@ def sparse_apply_adagrad_with_delta(
     Args:
         var: float32 resource variable ``[rows, ...]``, e.g. a table ``[rows, dim]``.
         accum: Its accumulator slot, shaped like ``var``.
-        grad: float32 ``[n, ...]``, one row (shaped like ``var``'s) per id.
-        indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat.
         lr: Learning rate, float32 scalar.
-        name: Op name.
-        log: A delta log handle on ``var``'s device
-            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
-            variant, which also appends the delta of each distinct row to it.
-        sid: int64 step id of the logged update (with ``log``).
-        target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
-        bypass_fence: Apply even if ``sid`` is fenced or committed in the
-            log (recovery finishing a step); otherwise such an update fails
-            with ``tf.errors.AbortedError`` and changes nothing.
+        grad, indices, name, log, sid, target, bypass_fence: See the module
+            docstring.
 
     Returns:
         int32 ``[n, 2 * dim]``: ``[var | accum]`` old ^ new bits at the first
         occurrence of each id, zeros at later occurrences.
     """
-    logged = log_inputs(log, sid, target, bypass_fence)
-    lib = load_library()
-    op = lib.ec_rec_sparse_apply_adagrad_with_delta if logged is None else lib.ec_rec_sparse_apply_adagrad_with_delta_logged
-    return op(
-        **(logged or {}),
-        var=resource_handle(var, "var"),
-        accum=resource_handle(accum, "accum"),
-        lr=float_tensor(lr, "lr"),
-        grad=tf.convert_to_tensor(grad, dtype=tf.float32, name="grad"),
-        indices=index_tensor(indices, "indices"),
-        name=name,
+    return _apply(
+        "ec_rec_sparse_apply_adagrad_with_delta",
+        log_inputs(log, sid, target, bypass_fence),
+        {"var": var, "accum": accum},
+        {"lr": lr},
+        grad,
+        indices,
+        name,
     )
 
 
@@ -202,48 +196,31 @@ def sparse_apply_adam_with_delta(
     scatter). ``lr`` must already be bias-corrected; see
     :func:`lazy_adam_learning_rate`. The caller keeps ``beta1^t`` and
     ``beta2^t`` (for example as non-slot variables, advanced once per step).
+    To match the optimizers, deduplicate ``indices`` first, summing gradients.
 
     Args:
         var: float32 resource variable ``[rows, ...]``, e.g. a table ``[rows, dim]``.
         m: First-moment slot, shaped like ``var``.
         v: Second-moment slot, shaped like ``var``.
-        grad: float32 ``[n, ...]``, one row (shaped like ``var``'s) per id.
-        indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat
-            (occurrences apply one after another; deduplicate first, summing
-            gradients, to match the optimizers).
         lr: Bias-corrected learning rate, float32 scalar.
         beta1: float32 scalar.
         beta2: float32 scalar.
         epsilon: float32 scalar.
-        name: Op name.
-        log: A delta log handle on ``var``'s device
-            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
-            variant, which also appends the delta of each distinct row to it.
-        sid: int64 step id of the logged update (with ``log``).
-        target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
-        bypass_fence: Apply even if ``sid`` is fenced or committed in the
-            log (recovery finishing a step); otherwise such an update fails
-            with ``tf.errors.AbortedError`` and changes nothing.
+        grad, indices, name, log, sid, target, bypass_fence: See the module
+            docstring.
 
     Returns:
         int32 ``[n, 3 * dim]``: ``[var | m | v]`` old ^ new bits at the first
         occurrence of each id, zeros at later occurrences.
     """
-    logged = log_inputs(log, sid, target, bypass_fence)
-    lib = load_library()
-    op = lib.ec_rec_sparse_apply_lazy_adam_with_delta if logged is None else lib.ec_rec_sparse_apply_lazy_adam_with_delta_logged
-    return op(
-        **(logged or {}),
-        var=resource_handle(var, "var"),
-        m=resource_handle(m, "m"),
-        v=resource_handle(v, "v"),
-        lr=float_tensor(lr, "lr"),
-        beta1=float_tensor(beta1, "beta1"),
-        beta2=float_tensor(beta2, "beta2"),
-        epsilon=float_tensor(epsilon, "epsilon"),
-        grad=tf.convert_to_tensor(grad, dtype=tf.float32, name="grad"),
-        indices=index_tensor(indices, "indices"),
-        name=name,
+    return _apply(
+        "ec_rec_sparse_apply_lazy_adam_with_delta",
+        log_inputs(log, sid, target, bypass_fence),
+        {"var": var, "m": m, "v": v},
+        {"lr": lr, "beta1": beta1, "beta2": beta2, "epsilon": epsilon},
+        grad,
+        indices,
+        name,
     )
 
 
@@ -277,47 +254,65 @@ def sparse_apply_ftrl_with_delta(
         var: float32 resource variable ``[rows, ...]``, e.g. a table ``[rows, dim]``.
         accum: Accumulator slot, shaped like ``var``.
         linear: Linear slot, shaped like ``var``.
-        grad: float32 ``[n, ...]``, one row (shaped like ``var``'s) per id.
-        indices: int32 or int64 ``[n]`` row ids in ``[0, rows)``; may repeat.
         lr: Positive learning rate.
         l1: Non-negative L1 regularization strength.
         l2: Non-negative L2 regularization strength.
         lr_power: Non-positive learning rate power.
         l2_shrinkage: Non-negative L2 shrinkage strength, or ``None``.
         multiply_linear_by_lr: The stock kernels' attribute of that name.
-        name: Op name.
-        log: A delta log handle on ``var``'s device
-            (:func:`~tf_ecrec.ops.delta_log_ops.delta_log`): run the logged
-            variant, which also appends the delta of each distinct row to it.
-        sid: int64 step id of the logged update (with ``log``).
-        target: int32 id (>= 0) of ``var`` and its slots (with ``log``).
-        bypass_fence: Apply even if ``sid`` is fenced or committed in the
-            log (recovery finishing a step); otherwise such an update fails
-            with ``tf.errors.AbortedError`` and changes nothing.
+        grad, indices, name, log, sid, target, bypass_fence: See the module
+            docstring.
 
     Returns:
         int32 ``[n, 3 * dim]``: ``[var | accum | linear]`` old ^ new bits at
         the first occurrence of each id, zeros at later occurrences.
     """
-    logged = log_inputs(log, sid, target, bypass_fence)
-    common = dict(
-        **(logged or {}),
-        var=resource_handle(var, "var"),
-        accum=resource_handle(accum, "accum"),
-        linear=resource_handle(linear, "linear"),
+    hyper = {"lr": lr, "l1": l1, "l2": l2, "lr_power": lr_power}
+    op = "ec_rec_sparse_apply_ftrl_with_delta"
+    if l2_shrinkage is not None and not (isinstance(l2_shrinkage, numbers.Real) and l2_shrinkage <= 0):
+        hyper["l2_shrinkage"] = l2_shrinkage
+        op = "ec_rec_sparse_apply_ftrl_v2_with_delta"
+    return _apply(
+        op,
+        log_inputs(log, sid, target, bypass_fence),
+        {"var": var, "accum": accum, "linear": linear},
+        hyper,
+        grad,
+        indices,
+        name,
+        multiply_linear_by_lr=multiply_linear_by_lr,
+    )
+
+
+def _apply(
+    op: str,
+    logged: dict[str, Any] | None,
+    tables: dict[str, VariableLike],
+    hyper: dict[str, FloatLike],
+    grad: tf.Tensor,
+    indices: tf.Tensor,
+    name: str | None,
+    **attrs: Any,
+) -> tf.Tensor:
+    """Builds apply op ``op`` (or, with ``logged``, its logged variant) from the wrappers' arguments.
+
+    Args:
+        op: The generated function of the unlogged op.
+        logged: :func:`~tf_ecrec.ops._inputs.log_inputs` of the call.
+        tables: ``var`` and its slots by input name.
+        hyper: The float32 scalar hyperparameters by input name.
+        grad: The gradient rows.
+        indices: The row ids.
+        name: Op name.
+        **attrs: The op's own attrs.
+    """
+    return call_op(
+        op,
+        logged,
+        **{key: resource_handle(table, key) for key, table in tables.items()},
+        **{key: float_tensor(value, key) for key, value in hyper.items()},
         grad=tf.convert_to_tensor(grad, dtype=tf.float32, name="grad"),
         indices=index_tensor(indices, "indices"),
-        lr=float_tensor(lr, "lr"),
-        l1=float_tensor(l1, "l1"),
-        l2=float_tensor(l2, "l2"),
-        lr_power=float_tensor(lr_power, "lr_power"),
-        multiply_linear_by_lr=multiply_linear_by_lr,
         name=name,
+        **attrs,
     )
-    if l2_shrinkage is None or (isinstance(l2_shrinkage, numbers.Real) and l2_shrinkage <= 0):
-        lib = load_library()
-        op = lib.ec_rec_sparse_apply_ftrl_with_delta if logged is None else lib.ec_rec_sparse_apply_ftrl_with_delta_logged
-        return op(**common)
-    lib = load_library()
-    op = lib.ec_rec_sparse_apply_ftrl_v2_with_delta if logged is None else lib.ec_rec_sparse_apply_ftrl_v2_with_delta_logged
-    return op(l2_shrinkage=float_tensor(l2_shrinkage, "l2_shrinkage"), **common)

@@ -37,8 +37,16 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_ecrec.ops._inputs import IntLike, VariableLike, log_inputs, resource_handle, resource_handles
-from tf_ecrec.ops.loader import load_library
+from tf_ecrec.ops._inputs import (
+    IntLike,
+    VariableLike,
+    int32_tensor,
+    int64_tensor,
+    log_inputs,
+    resource_handle,
+    resource_handles,
+)
+from tf_ecrec.ops.loader import call_op
 
 __all__ = [
     "DEFAULT_DELTA_LOG_NAME",
@@ -63,9 +71,7 @@ DELTA_LOG_COMMITTED_CAPACITY = 65536
 """How many committed step ids a log remembers (the most recent ones)."""
 
 
-def delta_log(
-    shared_name: str = DEFAULT_DELTA_LOG_NAME, container: str = "", name: str | None = None
-) -> tf.Tensor:
+def delta_log(shared_name: str = DEFAULT_DELTA_LOG_NAME, container: str = "", name: str | None = None) -> tf.Tensor:
     """A handle to the delta log ``shared_name`` of the current device.
 
     Place it like a variable (``with tf.device(ps_device(p))``): the log is a
@@ -86,7 +92,12 @@ def delta_log(
     """
     if not shared_name:
         raise ValueError("the delta log needs a non-empty shared_name")
-    return load_library().ec_rec_delta_log_handle(container=container, shared_name=shared_name, name=name)
+    return call_op("ec_rec_delta_log_handle", container=container, shared_name=shared_name, name=name)
+
+
+def call_log_op(op: str, log: tf.Tensor, name: str | None, **inputs: object) -> object:
+    """Builds the op ``op`` on the delta log ``log`` (its first input) with its other ``inputs``."""
+    return call_op(op, log=resource_handle(log, "log"), name=name, **inputs)
 
 
 def assign_add_logged(
@@ -128,7 +139,8 @@ def assign_add_logged(
     if dtype is None:
         raise TypeError("`var` must be a resource variable (its dtype is needed)")
     dtype = tf.as_dtype(dtype).base_dtype
-    return load_library().ec_rec_assign_add_logged(
+    return call_op(
+        "ec_rec_assign_add_logged",
         var=handle,
         value=tf.convert_to_tensor(value, dtype=dtype, name="value"),
         **log_inputs(log, sid, target, bypass_fence, source=source),
@@ -155,9 +167,7 @@ def delta_log_commit(
         name: Op name.
         bypass_fence: Commit even fenced steps.
     """
-    return load_library().ec_rec_delta_log_commit(
-        log=resource_handle(log, "log"), sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"), bypass_fence=bypass_fence, name=name
-    )
+    return call_log_op("ec_rec_delta_log_commit", log, name, sid=int64_tensor(sid, "sid"), bypass_fence=bypass_fence)
 
 
 def delta_log_commit_in_order(
@@ -176,36 +186,32 @@ def delta_log_commit_in_order(
     an older generation (unless ``bypass_fence``), or after ``timeout_ms``
     (0: at once, instead of waiting).
     """
-    return load_library().ec_rec_delta_log_commit_in_order(
-        log=resource_handle(log, "log"),
-        sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"),
+    return call_log_op(
+        "ec_rec_delta_log_commit_in_order",
+        log,
+        name,
+        sid=int64_tensor(sid, "sid"),
         timeout_ms=int(timeout_ms),
         bypass_fence=bypass_fence,
-        name=name,
     )
 
 
 def delta_log_set_generation(log: tf.Tensor, generation: IntLike, name: str | None = None) -> tf.Operation | None:
     """Raises the log's minimum generation: older steps' writes and commits then fail (Aborted)."""
-    return load_library().ec_rec_delta_log_set_generation(
-        log=resource_handle(log, "log"), generation=tf.convert_to_tensor(generation, dtype=tf.int64, name="generation"), name=name
-    )
+    return call_log_op("ec_rec_delta_log_set_generation", log, name, generation=int64_tensor(generation, "generation"))
 
 
 def delta_log_seq_of(log: tf.Tensor, sid: IntLike, target: IntLike, name: str | None = None) -> tf.Tensor:
     """The seq of the log's entry of ``(sid, target)``, -1 if none (int64 scalar)."""
-    return load_library().ec_rec_delta_log_seq_of(
-        log=resource_handle(log, "log"),
-        sid=tf.convert_to_tensor(sid, dtype=tf.int64, name="sid"),
-        target=tf.convert_to_tensor(target, dtype=tf.int32, name="target"),
-        name=name,
+    return call_log_op(
+        "ec_rec_delta_log_seq_of", log, name, sid=int64_tensor(sid, "sid"), target=int32_tensor(target, "target")
     )
 
 
 def delta_log_pending(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The steps with entries in the log: ``sids`` (int64), ``age_secs`` (float32, of the
     first entry) and ``waiting`` (bool: a round-1 commit of it is waiting)."""
-    return load_library().ec_rec_delta_log_pending(log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_delta_log_pending", log, name)
 
 
 def delta_log_fence(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | None = None) -> tf.Operation | None:
@@ -218,7 +224,7 @@ def delta_log_fence(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | N
     surviving log, before it reads the logs it acts on. Committing a step id
     lifts its fence (a committed id is refused anyway).
     """
-    return load_library().ec_rec_delta_log_fence(log=resource_handle(log, "log"), sids=tf.convert_to_tensor(sids, dtype=tf.int64, name="sids"), name=name)
+    return call_log_op("ec_rec_delta_log_fence", log, name, sids=int64_tensor(sids, "sids"))
 
 
 def delta_log_drop(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | None = None) -> tf.Operation | None:
@@ -228,7 +234,7 @@ def delta_log_drop(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | No
     step after recovery: a committed mark on any log tells a recovery that
     is itself cut and rerun that the step is settled everywhere.
     """
-    return load_library().ec_rec_delta_log_drop(log=resource_handle(log, "log"), sids=tf.convert_to_tensor(sids, dtype=tf.int64, name="sids"), name=name)
+    return call_log_op("ec_rec_delta_log_drop", log, name, sids=int64_tensor(sids, "sids"))
 
 
 def delta_log_read(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, ...]:
@@ -249,7 +255,7 @@ def delta_log_read(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, 
         ``data_committed`` (int64, round-1 commits) and ``generation``
         (int64 scalar).
     """
-    return load_library().ec_rec_delta_log_read(log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_delta_log_read", log, name)
 
 
 def delta_log_undo(
@@ -284,11 +290,12 @@ def delta_log_undo(
     Returns:
         bool scalar: whether the entry was there and has been undone.
     """
-    return load_library().ec_rec_delta_log_undo(
-        log=resource_handle(log, "log"),
+    return call_log_op(
+        "ec_rec_delta_log_undo",
+        log,
+        name,
         vars=resource_handles(variables),
-        seq=tf.convert_to_tensor(seq, dtype=tf.int64, name="seq"),
-        target=tf.convert_to_tensor(target, dtype=tf.int32, name="target"),
+        seq=int64_tensor(seq, "seq"),
+        target=int32_tensor(target, "target"),
         ordered=ordered,
-        name=name,
     )

@@ -20,6 +20,7 @@ import dataclasses
 import os
 import threading
 from types import ModuleType
+from typing import Any
 
 import tensorflow as tf
 
@@ -195,3 +196,20 @@ def load_library(directory: str | None = None) -> ModuleType:
                     pass
             _library = module
         return _library
+
+
+def call_op(op: str, logged: dict[str, Any] | None = None, **inputs: Any) -> Any:
+    """Builds (eagerly, runs) the library's op function ``op``, loading the library.
+
+    Args:
+        op: The generated function's name, e.g. ``"ec_rec_parity_update"``.
+        logged: The logged variant's inputs and attrs
+            (:func:`tf_ecrec.ops._inputs.log_inputs`): call ``op + "_logged"``
+            with them; ``None`` calls ``op``.
+        **inputs: The op's inputs and attrs.
+
+    Returns:
+        What the generated function returns.
+    """
+    function = getattr(load_library(), op if logged is None else f"{op}_logged")
+    return function(**(logged or {}), **inputs)

@@ -13,8 +13,16 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.ops._inputs import IntLike, VariableLike, index_tensor, log_inputs, resource_handle
-from tf_ecrec.ops.loader import load_library
+from tf_ecrec.ops._inputs import (
+    IntLike,
+    VariableLike,
+    index_tensor,
+    int32_tensor,
+    int64_tensor,
+    log_inputs,
+    resource_handle,
+)
+from tf_ecrec.ops.loader import call_op
 
 __all__ = ["parity_update", "route_deltas"]
 
@@ -80,14 +88,13 @@ def parity_update(
         logged["dedupe"] = bool(dedupe)
     elif dedupe:
         raise ValueError("`dedupe` is only meaningful with `log`")
-    lib = load_library()
-    op = lib.ec_rec_parity_update if logged is None else lib.ec_rec_parity_update_logged
-    return op(
-        **(logged or {}),
+    return call_op(
+        "ec_rec_parity_update",
+        logged,
         parity=resource_handle(parity, "parity"),
         rows=index_tensor(rows, "rows"),
-        delta=tf.convert_to_tensor(delta, dtype=tf.int32, name="delta"),
-        coef=tf.convert_to_tensor(coef, dtype=tf.int32, name="coef"),
+        delta=int32_tensor(delta, "delta"),
+        coef=int32_tensor(coef, "coef"),
         field_bits=field_bits,
         name=name,
     )
@@ -116,11 +123,12 @@ def route_deltas(
     Returns:
         For each route ``j``: (parity rows ``bases[j, c] + row % chunk_rows``, the delta rows), in input order.
     """
-    bases = tf.convert_to_tensor(bases, dtype=tf.int64, name="bases")
+    bases = int64_tensor(bases, "bases")
     num_routes = int(bases.shape[0])
-    rows, deltas = load_library().ec_rec_route_deltas(
+    rows, deltas = call_op(
+        "ec_rec_route_deltas",
         indices=index_tensor(indices, "indices"),
-        delta=tf.convert_to_tensor(delta, dtype=tf.int32, name="delta"),
+        delta=int32_tensor(delta, "delta"),
         bases=bases,
         chunk_rows=int(chunk_rows),
         num_routes=num_routes,

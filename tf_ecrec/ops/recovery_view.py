@@ -18,8 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.ops._inputs import IntLike, VariableLike, resource_handle, resource_handles
-from tf_ecrec.ops.loader import load_library
+from tf_ecrec.ops._inputs import IntLike, VariableLike, int32_tensor, int64_tensor, resource_handle, resource_handles
+from tf_ecrec.ops.delta_log_ops import call_log_op
 
 __all__ = [
     "await_rebuilt_rows",
@@ -34,72 +34,80 @@ __all__ = [
 ]
 
 
-def rebuild_begin_pending(log: tf.Tensor, variable: VariableLike, rows: IntLike, name: str | None = None) -> tf.Operation | None:
+def rebuild_begin_pending(
+    log: tf.Tensor, variable: VariableLike, rows: IntLike, name: str | None = None
+) -> tf.Operation | None:
     """Marks rows ``[0, rows)`` of ``variable``'s group pending on its PS: lookups wait, updates are refused."""
-    return load_library().ec_rec_rebuild_begin_pending(
-        log=resource_handle(log, "log"), var=resource_handle(variable, "variable"),
-        rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"), name=name,
-    )
+    return _group_op("ec_rec_rebuild_begin_pending", log, variable, name, rows=int64_tensor(rows, "rows"))
 
 
 def recovery_view_stats(log: tf.Tensor, name: str | None = None) -> tf.Tensor:
     """int64 [2]: rows pending on the log's PS, rows preserved (saved T0 words) there."""
-    return load_library().ec_rec_recovery_view_stats(log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_recovery_view_stats", log, name)
 
 
-def await_rebuilt_rows(log: tf.Tensor, variable: VariableLike, rows: tf.Tensor, name: str | None = None) -> tf.Operation | None:
+def await_rebuilt_rows(
+    log: tf.Tensor, variable: VariableLike, rows: tf.Tensor, name: str | None = None
+) -> tf.Operation | None:
     """Finishes once none of ``rows`` of ``variable``'s group is pending (asks the rebuild for them)."""
     rows = tf.convert_to_tensor(rows)
     if rows.dtype not in (tf.int32, tf.int64):
         rows = tf.cast(rows, tf.int64)
-    return load_library().ec_rec_await_rebuilt_rows(log=resource_handle(log, "log"), var=resource_handle(variable, "variable"), rows=rows, name=name)
+    return _group_op("ec_rec_await_rebuilt_rows", log, variable, name, rows=rows)
 
 
 def wanted_rows(log: tf.Tensor, variable: VariableLike, lo: IntLike, hi: IntLike, name: str | None = None) -> tf.Tensor:
     """The pending rows of ``variable``'s group in ``[lo, hi)`` that waiting lookups ask for (int64, ascending)."""
-    return load_library().ec_rec_wanted_rows(
-        log=resource_handle(log, "log"), var=resource_handle(variable, "variable"),
-        lo=tf.convert_to_tensor(lo, dtype=tf.int64, name="lo"),
-        hi=tf.convert_to_tensor(hi, dtype=tf.int64, name="hi"), name=name,
-    )
+    return _group_op("ec_rec_wanted_rows", log, variable, name, lo=int64_tensor(lo, "lo"), hi=int64_tensor(hi, "hi"))
 
 
 def wait_wanted(log: tf.Tensor, timeout_ms: IntLike, name: str | None = None) -> tf.Operation | None:
     """Finishes once a lookup waits for a pending row on the log's PS, or after ``timeout_ms``."""
-    return load_library().ec_rec_wait_wanted(
-        log=resource_handle(log, "log"), timeout_ms=tf.convert_to_tensor(timeout_ms, dtype=tf.int64, name="timeout_ms"), name=name
-    )
+    return call_log_op("ec_rec_wait_wanted", log, name, timeout_ms=int64_tensor(timeout_ms, "timeout_ms"))
 
 
 def install_row_words(
-    variables: VariableLike | Sequence[VariableLike], log: tf.Tensor, rows: tf.Tensor, words: tf.Tensor,
-    add: bool = False, name: str | None = None,
+    variables: VariableLike | Sequence[VariableLike],
+    log: tf.Tensor,
+    rows: tf.Tensor,
+    words: tf.Tensor,
+    add: bool = False,
+    name: str | None = None,
 ) -> tf.Tensor:
     """Writes (``add``: XORs) ``words`` into each of ``rows`` still pending and marks it installed; int64 count."""
-    return load_library().ec_rec_install_row_words(
-        vars=resource_handles(variables), log=resource_handle(log, "log"),
-        rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"),
-        words=tf.convert_to_tensor(words, dtype=tf.int32, name="words"), add=bool(add), name=name,
+    return call_log_op(
+        "ec_rec_install_row_words",
+        log,
+        name,
+        vars=resource_handles(variables),
+        rows=int64_tensor(rows, "rows"),
+        words=int32_tensor(words, "words"),
+        add=bool(add),
     )
 
 
-def preserve_ranges(log: tf.Tensor, variable: VariableLike, ranges: Any, name: str | None = None) -> tf.Operation | None:
+def preserve_ranges(
+    log: tf.Tensor, variable: VariableLike, ranges: Any, name: str | None = None
+) -> tf.Operation | None:
     """From now on the first logged write of a row in ``ranges`` ([m, 2] of [lo, hi)) saves its words first."""
-    return load_library().ec_rec_preserve_ranges(
-        log=resource_handle(log, "log"), var=resource_handle(variable, "variable"),
-        ranges=tf.reshape(tf.convert_to_tensor(ranges, dtype=tf.int64, name="ranges"), [-1, 2]), name=name,
-    )
+    ranges = tf.reshape(int64_tensor(ranges, "ranges"), [-1, 2])
+    return _group_op("ec_rec_preserve_ranges", log, variable, name, ranges=ranges)
 
 
 def preserve_end(log: tf.Tensor, name: str | None = None) -> tf.Operation | None:
     """Forgets every preserved range and saved row of the log's PS."""
-    return load_library().ec_rec_preserve_end(log=resource_handle(log, "log"), name=name)
+    return call_log_op("ec_rec_preserve_end", log, name)
 
 
 def read_preserved_row_words(
     variables: VariableLike | Sequence[VariableLike], log: tf.Tensor, rows: tf.Tensor, name: str | None = None
 ) -> tf.Tensor:
     """Rows of the variables as words side by side, each as it was when its range was preserved."""
-    return load_library().ec_rec_read_preserved_row_words(
-        vars=resource_handles(variables), log=resource_handle(log, "log"), rows=tf.convert_to_tensor(rows, dtype=tf.int64, name="rows"), name=name
+    return call_log_op(
+        "ec_rec_read_preserved_row_words", log, name, vars=resource_handles(variables), rows=int64_tensor(rows, "rows")
     )
+
+
+def _group_op(op: str, log: tf.Tensor, variable: VariableLike, name: str | None, **inputs: object) -> object:
+    """Builds the op ``op`` on ``log`` and the variable group named by ``variable``, with its other ``inputs``."""
+    return call_log_op(op, log, name, var=resource_handle(variable, "variable"), **inputs)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_ecrec.ops._inputs import IntLike, VariableLike, index_tensor, resource_handles
-from tf_ecrec.ops.loader import load_library
+from tf_ecrec.ops._inputs import IntLike, VariableLike, index_tensor, int32_tensor, int64_tensor, resource_handles
+from tf_ecrec.ops.loader import call_op
 
 __all__ = ["combine_rows", "read_row_words", "write_row_words", "xor_rows"]
 
@@ -42,10 +42,11 @@ def xor_rows(
         delta: int32 ``[n, sum W_v]``.
         name: Op name.
     """
-    return load_library().ec_rec_xor_rows(
+    return call_op(
+        "ec_rec_xor_rows",
         vars=resource_handles(variables),
         rows=index_tensor(rows, "rows"),
-        delta=tf.convert_to_tensor(delta, dtype=tf.int32, name="delta"),
+        delta=int32_tensor(delta, "delta"),
         name=name,
     )
 
@@ -69,12 +70,7 @@ def read_row_words(
         count: int64 scalar, number of rows.
         name: Op name.
     """
-    return load_library().ec_rec_read_row_words(
-        vars=resource_handles(variables),
-        start=tf.convert_to_tensor(start, dtype=tf.int64, name="start"),
-        count=tf.convert_to_tensor(count, dtype=tf.int64, name="count"),
-        name=name,
-    )
+    return _row_slice_op("ec_rec_read_row_words", variables, start, name, count=int64_tensor(count, "count"))
 
 
 def combine_rows(coefs: tf.Tensor, parts: Sequence[tf.Tensor], bits: int = 16, name: str | None = None) -> tf.Tensor:
@@ -89,8 +85,9 @@ def combine_rows(coefs: tf.Tensor, parts: Sequence[tf.Tensor], bits: int = 16, n
         bits: 16 (`tf_ecrec.codec`'s field) or 8.
         name: Op name.
     """
-    return load_library().ec_rec_combine_rows(
-        coefs=tf.convert_to_tensor(coefs, dtype=tf.int32, name="coefs"),
+    return call_op(
+        "ec_rec_combine_rows",
+        coefs=int32_tensor(coefs, "coefs"),
         parts=[tf.convert_to_tensor(p, dtype=tf.int32) for p in parts],
         bits=bits,
         name=name,
@@ -111,9 +108,11 @@ def write_row_words(
         words: int32 ``[n, sum W_v]``; empty writes nothing.
         name: Op name.
     """
-    return load_library().ec_rec_write_row_words(
-        vars=resource_handles(variables),
-        start=tf.convert_to_tensor(start, dtype=tf.int64, name="start"),
-        words=tf.convert_to_tensor(words, dtype=tf.int32, name="words"),
-        name=name,
-    )
+    return _row_slice_op("ec_rec_write_row_words", variables, start, name, words=int32_tensor(words, "words"))
+
+
+def _row_slice_op(
+    op: str, variables: VariableLike | Sequence[VariableLike], start: IntLike, name: str | None, **inputs: tf.Tensor
+) -> tf.Tensor | tf.Operation | None:
+    """Builds ``op`` on the slice of rows of ``variables`` from row ``start``, with its other ``inputs``."""
+    return call_op(op, vars=resource_handles(variables), start=int64_tensor(start, "start"), name=name, **inputs)

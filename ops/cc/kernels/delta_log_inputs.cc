@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -32,24 +33,26 @@ Status LookupOrCreateDeltaLog(OpKernelContext* ctx, int input,
       });
 }
 
+Status LookupLogAndKey(OpKernelContext* ctx, core::RefCountPtr<DeltaLog>* log,
+                       std::string* key) {
+  TF_RETURN_IF_ERROR(LookupOrCreateDeltaLog(ctx, 0, log));
+  return VariableKey(ctx, 1, key);
+}
+
 Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
                      core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
                      bool with_source_seq) {
-  const char* names[] = {"sid", "target", "source", "source_seq"};
-  const int count = with_source ? (with_source_seq ? 4 : 3) : 2;
-  for (int k = 0; k < count; ++k) {
-    const Tensor& t = ctx->input(first + 1 + k);
-    if (!TensorShapeUtils::IsScalar(t.shape())) {
-      return errors::InvalidArgument("`", names[k], "` must be a scalar, got "
-                                     "shape ",
-                                     t.shape().DebugString());
-    }
+  TF_RETURN_IF_ERROR(ScalarInput(ctx, first + 1, "sid", &tag->sid));
+  TF_RETURN_IF_ERROR(ScalarInput(ctx, first + 2, "target", &tag->target));
+  tag->source = -1;
+  tag->source_seq = -1;
+  if (with_source) {
+    TF_RETURN_IF_ERROR(ScalarInput(ctx, first + 3, "source", &tag->source));
   }
-  tag->sid = ctx->input(first + 1).scalar<int64_t>()();
-  tag->target = ctx->input(first + 2).scalar<int32>()();
-  tag->source = with_source ? ctx->input(first + 3).scalar<int32>()() : -1;
-  tag->source_seq =
-      with_source_seq ? ctx->input(first + 4).scalar<int64_t>()() : -1;
+  if (with_source && with_source_seq) {
+    TF_RETURN_IF_ERROR(
+        ScalarInput(ctx, first + 4, "source_seq", &tag->source_seq));
+  }
   if (tag->target < 0) {
     return errors::InvalidArgument("`target` must be >= 0, got ", tag->target);
   }

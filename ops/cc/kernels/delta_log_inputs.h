@@ -5,6 +5,8 @@
 #ifndef TF_ECREC_OPS_CC_KERNELS_DELTA_LOG_INPUTS_H_
 #define TF_ECREC_OPS_CC_KERNELS_DELTA_LOG_INPUTS_H_
 
+#include <string>
+
 #include "ops/cc/kernels/delta_log.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -29,6 +31,23 @@ inline Status ReadBypassFence(OpKernelConstruction* ctx, bool* bypass) {
   return ctx->GetAttr("bypass_fence", bypass);
 }
 
+// The log at input 0 and the key (VariableKey) of the variable group whose
+// first variable is input 1: the inputs of the recovery-view ops.
+Status LookupLogAndKey(OpKernelContext* ctx, core::RefCountPtr<DeltaLog>* log,
+                       std::string* key);
+
+// A new entry of `kind` carrying the ids of `tag`.
+inline DeltaLog::Entry TaggedEntry(const DeltaLog::Tag& tag,
+                                   DeltaLog::Kind kind) {
+  DeltaLog::Entry entry;
+  entry.sid = tag.sid;
+  entry.target = tag.target;
+  entry.source = tag.source;
+  entry.source_seq = tag.source_seq;
+  entry.kind = kind;
+  return entry;
+}
+
 // Reads the log handle at `first`, the int64 scalar sid at first + 1, the
 // int32 scalar target at first + 2 and, if `with_source`, the int32 scalar
 // source at first + 3 and the int64 scalar source_seq at first + 4; checks
@@ -36,6 +55,18 @@ inline Status ReadBypassFence(OpKernelConstruction* ctx, bool* bypass) {
 Status ReadLogInputs(OpKernelContext* ctx, int first, bool with_source,
                      core::RefCountPtr<DeltaLog>* log, DeltaLog::Tag* tag,
                      bool with_source_seq = false);
+
+// A kernel that runs `Run` on the log at input 0.
+template <Status (*Run)(OpKernelContext*, DeltaLog*)>
+class DeltaLogOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<DeltaLog> log;
+    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    OP_REQUIRES_OK(ctx, Run(ctx, log.get()));
+  }
+};
 
 }  // namespace ec_rec
 }  // namespace tensorflow

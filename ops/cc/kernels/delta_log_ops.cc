@@ -14,6 +14,7 @@
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/word_tables.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -26,39 +27,16 @@ namespace tensorflow {
 namespace ec_rec {
 namespace {
 
-inline void XorInto(const int32_t* src, char* dst, int64_t words) {
-  for (int64_t j = 0; j < words; ++j) {
-    uint32_t word;
-    std::memcpy(&word, dst + j * sizeof(uint32_t), sizeof(word));
-    word ^= static_cast<uint32_t>(src[j]);
-    std::memcpy(dst + j * sizeof(uint32_t), &word, sizeof(word));
-  }
-}
-
 // Checks rows and width, then XORs row i of `delta` (split across the tables
 // in order) into row rows[i] of each table.
-Status XorRowsInto(const std::vector<WordTable>& tables, int64_t width,
+Status XorRowsInto(const LockedWordTables& locked,
                    const std::vector<int64_t>& rows, const int32_t* delta,
                    int64_t delta_width) {
-  if (delta_width != width) {
-    return errors::InvalidArgument(
-        "`delta` rows have ", delta_width, " words but the variables' rows "
-        "have ", width, " together; they must be equal");
-  }
-  const int64_t num_rows = tables.front().rows;
+  TF_RETURN_IF_ERROR(locked.CheckWidth("delta", delta_width));
+  TF_RETURN_IF_ERROR(RowsInRange(rows, locked.rows()));
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] < 0 || rows[i] >= num_rows) {
-      return errors::InvalidArgument("rows[", i, "] = ", rows[i],
-                                     " is out of range [0, ", num_rows, ")");
-    }
-  }
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int32_t* src = delta + static_cast<int64_t>(i) * width;
-    for (const WordTable& table : tables) {
-      XorInto(src, table.base + rows[i] * table.words * sizeof(int32_t),
-              table.words);
-      src += table.words;
-    }
+    PutRowWords(locked.tables, rows[i],
+                delta + static_cast<int64_t>(i) * locked.width, /*add=*/true);
   }
   return OkStatus();
 }
@@ -137,16 +115,25 @@ class DeltaLogCommitInOrderOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommitInOrder").Device(DEVICE_CPU),
                         DeltaLogCommitInOrderOp);
 
+// A kernel that runs `Run` on the log at input 0 with the sids at input 1.
+template <void (DeltaLog::*Run)(const std::vector<int64_t>&)>
+class DeltaLogSidsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<DeltaLog> log;
+    std::vector<int64_t> sids;
+    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
+    (log.get()->*Run)(sids);
+  }
+};
+
 class DeltaLogSetGenerationOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& g = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(g.shape()),
-                errors::InvalidArgument("`generation` must be a scalar, got "
-                                        "shape ",
-                                        g.shape().DebugString()));
-    const int64_t generation = g.scalar<int64_t>()();
+    int64_t generation = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "generation", &generation));
     OP_REQUIRES(ctx, generation >= 0 && generation < (int64_t{1} << 14),
                 errors::InvalidArgument("`generation` must be in [0, 16384), "
                                         "got ",
@@ -171,164 +158,85 @@ class DeltaLogSeqOfOp : public OpKernel {
                 errors::InvalidArgument("`sid` and `target` must be scalars"));
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() =
-        log->SeqOf(sid.scalar<int64_t>()(), target.scalar<int32>()());
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0,
+                                     log->SeqOf(sid.scalar<int64_t>()(),
+                                                target.scalar<int32>()())));
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogSeqOf").Device(DEVICE_CPU),
                         DeltaLogSeqOfOp);
 
-class DeltaLogPendingOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, log->Pending(ctx));
-  }
-};
+Status Pending(OpKernelContext* ctx, DeltaLog* log) {
+  return log->Pending(ctx);
+}
+
+Status Read(OpKernelContext* ctx, DeltaLog* log) { return log->Read(ctx); }
+
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogPending").Device(DEVICE_CPU),
-                        DeltaLogPendingOp);
-
-class DeltaLogFenceOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    std::vector<int64_t> sids;
-    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
-    log->Fence(sids);
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogFence").Device(DEVICE_CPU),
-                        DeltaLogFenceOp);
-
-class DeltaLogDropOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    std::vector<int64_t> sids;
-    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
-    log->Drop(sids);
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogDrop").Device(DEVICE_CPU),
-                        DeltaLogDropOp);
-
-class DeltaLogReadOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, log->Read(ctx));
-  }
-};
+                        DeltaLogOp<Pending>);
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogRead").Device(DEVICE_CPU),
-                        DeltaLogReadOp);
+                        DeltaLogOp<Read>);
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogFence").Device(DEVICE_CPU),
+                        DeltaLogSidsOp<&DeltaLog::Fence>);
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogDrop").Device(DEVICE_CPU),
+                        DeltaLogSidsOp<&DeltaLog::Drop>);
 
 // --- undo and XOR -------------------------------------------------------------
 
-class DeltaLogUndoOp : public OpKernel {
+class DeltaLogUndoOp : public VarsOpKernel {
  public:
-  explicit DeltaLogUndoOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  explicit DeltaLogUndoOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ordered", &ordered_));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& seq = ctx->input(1 + n_);
-    const Tensor& target = ctx->input(2 + n_);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(seq.shape()),
-                errors::InvalidArgument("`seq` must be a scalar, got shape ",
-                                        seq.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(target.shape()),
-                errors::InvalidArgument("`target` must be a scalar, got shape ",
-                                        target.shape().DebugString()));
+    int64_t seq = 0;
+    int32 target = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1 + n_, "seq", &seq));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2 + n_, "target", &target));
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 1, n_, &vars, &tables, &width));
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 1, n_));
+    auto undo = [&](const DeltaLog::Words& net) {
+      // Rows a rebuild decodes from keep their T0 words.
+      if (log->view().active()) {
+        std::string key;
+        TF_RETURN_IF_ERROR(VariableKey(ctx, 1, &key));
+        log->view().Preserve(key, locked.tables, net.rows.data(),
+                             static_cast<int64_t>(net.rows.size()));
+      }
+      return XorRowsInto(locked, net.rows, net.words.data(), net.width);
+    };
     bool found = false;
-    OP_REQUIRES_OK(
-        ctx, log->Undo(seq.scalar<int64_t>()(), target.scalar<int32>()(),
-                       ordered_,
-                       [&](const DeltaLog::Words& net) {
-                         // Rows a rebuild decodes from keep their T0 words.
-                         if (log->view().active()) {
-                           std::string key;
-                           TF_RETURN_IF_ERROR(VariableKey(ctx, 1, &key));
-                           log->view().Preserve(
-                               key, tables, net.rows.data(),
-                               static_cast<int64_t>(net.rows.size()));
-                         }
-                         return XorRowsInto(tables, width, net.rows,
-                                            net.words.data(), net.width);
-                       },
-                       &found));
+    OP_REQUIRES_OK(ctx, log->Undo(seq, target, ordered_, undo, &found));
     if (found) log->WakeAfterUndo();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<bool>()() = found;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, found));
   }
 
  private:
-  int n_ = 1;
   bool ordered_ = true;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogUndo").Device(DEVICE_CPU),
                         DeltaLogUndoOp);
 
-template <typename Tindex>
-class XorRowsOp : public OpKernel {
+class XorRowsOp : public VarsOpKernel {
  public:
-  explicit XorRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& rows_t = ctx->input(n_);
     const Tensor& delta = ctx->input(n_ + 1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows_t.shape()),
-                errors::InvalidArgument("`rows` must be a vector, got shape ",
-                                        rows_t.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(delta.shape()),
-                errors::InvalidArgument("`delta` must be a matrix [n, width], "
-                                        "got shape ",
-                                        delta.shape().DebugString()));
-    OP_REQUIRES(ctx, delta.dim_size(0) == rows_t.dim_size(0),
-                errors::InvalidArgument(
-                    "`delta` has ", delta.dim_size(0), " rows but `rows` has ",
-                    rows_t.dim_size(0), " entries; they must be equal"));
+    OP_REQUIRES_OK(ctx, RowsAndDelta(ctx->input(n_), delta));
     // Read once, so a concurrent writer cannot slip a row past the check.
-    const auto flat = rows_t.flat<Tindex>();
-    std::vector<int64_t> rows(flat.size());
-    for (int64_t i = 0; i < flat.size(); ++i) rows[i] = flat(i);
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 0, n_, &vars, &tables, &width));
-    OP_REQUIRES_OK(ctx, XorRowsInto(tables, width, rows,
-                                    delta.matrix<int32>().data(),
+    std::vector<int64_t> rows;
+    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_), "rows", &rows));
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    OP_REQUIRES_OK(ctx, XorRowsInto(locked, rows, delta.matrix<int32>().data(),
                                     delta.dim_size(1)));
   }
-
- private:
-  int n_ = 1;
 };
-REGISTER_KERNEL_BUILDER(Name("EcRec>XorRows")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32>("Tindices"),
-                        XorRowsOp<int32>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>XorRows")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tindices"),
-                        XorRowsOp<int64_t>);
+REGISTER_KERNEL_BUILDER(Name("EcRec>XorRows").Device(DEVICE_CPU), XorRowsOp);
 
 // --- logged AssignAdd -----------------------------------------------------------
 
@@ -356,11 +264,7 @@ class AssignAddLoggedOp : public OpKernel {
     // With dedupe (recovery finishing a step), a step adds at most once.
     if (dedupe_ && log->HasEntryOrCommitted(tag.sid, tag.target)) return;
     const WordTable table = WordsOf(var);
-    DeltaLog::Entry entry;
-    entry.sid = tag.sid;
-    entry.target = tag.target;
-    entry.source = tag.source;
-    entry.kind = DeltaLog::kCounter;
+    DeltaLog::Entry entry = TaggedEntry(tag, DeltaLog::kCounter);
     entry.rows.resize(table.rows);
     for (int64_t r = 0; r < table.rows; ++r) entry.rows[r] = r;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(

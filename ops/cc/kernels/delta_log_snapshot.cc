@@ -11,6 +11,7 @@
 
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/galois.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/word_loops.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -59,9 +60,8 @@ Status DeltaLog::Pending(OpKernelContext* ctx) const {
   Tensor* sids = nullptr;
   Tensor* ages = nullptr;
   Tensor* waits = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({n}), &sids));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({n}), &ages));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({n}), &waits));
+  TF_RETURN_IF_ERROR(
+      AllocateVectors(ctx, {{0, n, &sids}, {1, n, &ages}, {2, n, &waits}}));
   int64_t i = 0;
   for (const auto& [sid, micros] : oldest) {
     sids->vec<int64_t>()(i) = sid;
@@ -96,37 +96,24 @@ Status DeltaLog::Read(OpKernelContext* ctx) {
   Tensor* settled_targets = nullptr;
   Tensor* settled_seq = nullptr;
   Tensor* fenced = nullptr;
-  const int64_t c = static_cast<int64_t>(committed_.size());
-  const int64_t t = static_cast<int64_t>(settled_.size());
-  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({m}), &seq));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({m}), &sid));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({m}), &target));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({m}), &source));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(4, TensorShape({m + 1}), &row_splits));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(5, TensorShape({total_rows}), &rows));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(6, TensorShape({m}), &widths));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(7, TensorShape({total_words}), &deltas));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(8, TensorShape({c}), &committed));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(9, TensorShape({t}), &settled_targets));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(10, TensorShape({t}), &settled_seq));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(
-      11, TensorShape({static_cast<int64_t>(fenced_.size())}), &fenced));
   Tensor* source_seq = nullptr;
   Tensor* kinds = nullptr;
   Tensor* settled_sources = nullptr;
   Tensor* settled_source_seq = nullptr;
   Tensor* data_committed = nullptr;
   Tensor* generation = nullptr;
+  const int64_t c = static_cast<int64_t>(committed_.size());
+  const int64_t t = static_cast<int64_t>(settled_.size());
   const int64_t ss = static_cast<int64_t>(settled_source_.size());
-  TF_RETURN_IF_ERROR(ctx->allocate_output(12, TensorShape({m}), &source_seq));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(13, TensorShape({m}), &kinds));
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_output(14, TensorShape({ss}), &settled_sources));
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_output(15, TensorShape({ss}), &settled_source_seq));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(
-      16, TensorShape({static_cast<int64_t>(data_committed_.size())}),
-      &data_committed));
+  const int64_t f = static_cast<int64_t>(fenced_.size());
+  const int64_t d = static_cast<int64_t>(data_committed_.size());
+  TF_RETURN_IF_ERROR(AllocateVectors(
+      ctx, {{0, m, &seq}, {1, m, &sid}, {2, m, &target}, {3, m, &source},
+            {4, m + 1, &row_splits}, {5, total_rows, &rows}, {6, m, &widths},
+            {7, total_words, &deltas}, {8, c, &committed},
+            {9, t, &settled_targets}, {10, t, &settled_seq}, {11, f, &fenced},
+            {12, m, &source_seq}, {13, m, &kinds}, {14, ss, &settled_sources},
+            {15, ss, &settled_source_seq}, {16, d, &data_committed}}));
   TF_RETURN_IF_ERROR(ctx->allocate_output(17, TensorShape({}), &generation));
   {
     int64_t j = 0;

@@ -14,13 +14,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tensorflow {
-namespace ecrec {
+namespace ec_rec {
 
 REGISTER_OP("EcRec>Failpoint")
     .Input("step: int64")
@@ -40,9 +41,7 @@ class FailpointOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int32>()() = 0;
+    OP_REQUIRES_OK(ctx, ScalarOutput<int32>(ctx, 0, 0));
     const char* spec = std::getenv("TF_ECREC_FAILPOINT");
     const char* task = std::getenv("TF_ECREC_TASK");
     if (spec == nullptr || task == nullptr) return;
@@ -78,5 +77,5 @@ class FailpointOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EcRec>Failpoint").Device(DEVICE_CPU), FailpointOp);
 
-}  // namespace ecrec
+}  // namespace ec_rec
 }  // namespace tensorflow

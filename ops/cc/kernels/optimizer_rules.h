@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -39,39 +40,38 @@ namespace ec_rec {
 using Rows = TTypes<float>::Matrix;            // [rows, dim] view of a variable
 using ConstRows = TTypes<float>::ConstMatrix;  // [n, dim] view of the gradient
 
-// Reads the float scalar at `input`, failing with InvalidArgument otherwise.
+// The float scalar hyperparameter at `input`.
 inline Status ReadScalar(OpKernelContext* ctx, int input, const char* name,
                          float* value) {
-  const Tensor& t = ctx->input(input);
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return errors::InvalidArgument("`", name, "` must be a scalar, got shape ",
-                                   t.shape().DebugString());
-  }
-  *value = t.scalar<float>()();
-  return OkStatus();
+  return ScalarInput<float>(ctx, input, name, value);
 }
+
+// The hyperparameters of a rule whose only one is the learning rate, the
+// float scalar at input kLrInput.
+template <int kLrInput>
+struct LearningRateOnly {
+  struct Hyper {
+    float lr;
+  };
+
+  Status Read(OpKernelContext* ctx, Hyper* h) const {
+    return ReadScalar(ctx, kLrInput, "lr", &h->lr);
+  }
+};
 
 // var[row] += (-grad[i]) * lr.
 //
 // GradientDescentOptimizer computes the update with a Mul op and adds it with
 // ResourceScatterAdd; negation and IEEE multiplication commute exactly, so the
 // fused form here has the same bits.
-struct SgdRule {
+struct SgdRule : LearningRateOnly<1> {
   static constexpr int kNumSlots = 0;
   static constexpr int kGradInput = 2;
   static constexpr int kIndicesInput = 3;
   static constexpr int kCyclesPerElement = 2;
   static std::vector<const char*> VariableNames() { return {"var"}; }
 
-  struct Hyper {
-    float lr;
-  };
-
   explicit SgdRule(OpKernelConstruction*) {}
-
-  Status Read(OpKernelContext* ctx, Hyper* h) const {
-    return ReadScalar(ctx, 1, "lr", &h->lr);
-  }
 
   void ApplyRow(const Hyper& h, const std::vector<Rows>& tables, int64_t row,
                 const ConstRows& grads, int64_t i) const {
@@ -86,22 +86,14 @@ struct SgdRule {
 // accum[row] += grad^2; var[row] -= lr * grad * rsqrt(accum[row]).
 //
 // Width 1 follows the stock scalar path instead: var -= lr * g / sqrt(accum).
-struct AdagradRule {
+struct AdagradRule : LearningRateOnly<2> {
   static constexpr int kNumSlots = 1;
   static constexpr int kGradInput = 3;
   static constexpr int kIndicesInput = 4;
   static constexpr int kCyclesPerElement = 8;
   static std::vector<const char*> VariableNames() { return {"var", "accum"}; }
 
-  struct Hyper {
-    float lr;
-  };
-
   explicit AdagradRule(OpKernelConstruction*) {}
-
-  Status Read(OpKernelContext* ctx, Hyper* h) const {
-    return ReadScalar(ctx, 2, "lr", &h->lr);
-  }
 
   void ApplyRow(const Hyper& h, const std::vector<Rows>& tables, int64_t row,
                 const ConstRows& grads, int64_t i) const {

@@ -16,6 +16,7 @@
 #include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/galois.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/row_shards.h"
 #include "ops/cc/kernels/word_tables.h"
@@ -50,22 +51,9 @@ class ParityUpdateOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(1);
     const Tensor& delta = ctx->input(2);
-    const Tensor& coef_t = ctx->input(3);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
-                errors::InvalidArgument("`rows` must be a vector, got shape ",
-                                        rows.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(delta.shape()),
-                errors::InvalidArgument("`delta` must be a matrix [n, width], "
-                                        "got shape ",
-                                        delta.shape().DebugString()));
-    OP_REQUIRES(ctx, delta.dim_size(0) == rows.dim_size(0),
-                errors::InvalidArgument(
-                    "`delta` has ", delta.dim_size(0), " rows but `rows` has ",
-                    rows.dim_size(0), " entries; they must be equal"));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(coef_t.shape()),
-                errors::InvalidArgument("`coef` must be a scalar, got shape ",
-                                        coef_t.shape().DebugString()));
-    const int32 coef = coef_t.scalar<int32>()();
+    OP_REQUIRES_OK(ctx, RowsAndDelta(rows, delta));
+    int32 coef = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 3, "coef", &coef));
     const int32 max_coef = (1 << field_bits_) - 1;
     OP_REQUIRES(ctx, coef >= 1 && coef <= max_coef,
                 errors::InvalidArgument("`coef` must be a non-zero element of "
@@ -154,25 +142,21 @@ class ParityUpdateOp : public OpKernel {
     bool settled = false;
     log->FoldedRows(tag.sid, tag.target, tag.source, &done, &settled);
     if (settled) return OkStatus();
-    const auto flat = rows.flat<Tindex>();
-    const int64_t num_rows = parity->dim_size(0);
+    std::vector<int64_t> ids;
+    TF_RETURN_IF_ERROR(RowIds(rows, "rows", &ids));
+    TF_RETURN_IF_ERROR(RowsInRange(ids, parity->dim_size(0)));
     std::vector<int64_t> keep;
-    for (int64_t i = 0; i < flat.size(); ++i) {
-      const int64_t row = static_cast<int64_t>(flat(i));
-      if (row < 0 || row >= num_rows) {
-        return errors::InvalidArgument("rows[", i, "] = ", row,
-                                       " is out of range [0, ", num_rows, ")");
-      }
-      if (done.count(row) == 0) keep.push_back(i);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (done.count(ids[i]) == 0) keep.push_back(static_cast<int64_t>(i));
     }
     if (keep.empty()) return OkStatus();
     LogWrite write;
     TF_RETURN_IF_ERROR(write.Begin(log, tag.sid, bypass_fence_));
     std::vector<int64_t> kept_rows;
-    for (int64_t i : keep) kept_rows.push_back(static_cast<int64_t>(flat(i)));
+    for (int64_t i : keep) kept_rows.push_back(ids[i]);
     TF_RETURN_IF_ERROR(PreserveRows(ctx, log, parity, kept_rows.data(),
                                     static_cast<int64_t>(kept_rows.size())));
-    DeltaLog::Entry entry;
+    DeltaLog::Entry entry = TaggedEntry(tag, DeltaLog::kFold);
     TF_RETURN_IF_ERROR(ctx->allocate_temp(
         DT_INT32, TensorShape({static_cast<int64_t>(keep.size()), width}),
         &entry.delta));
@@ -182,7 +166,7 @@ class ParityUpdateOp : public OpKernel {
     const galois::WordScaler scale(field_bits_, static_cast<uint32_t>(coef));
     for (size_t k = 0; k < keep.size(); ++k) {
       const int64_t i = keep[k];
-      const int64_t row = static_cast<int64_t>(flat(i));
+      const int64_t row = ids[i];
       std::memcpy(copy + k * width, src + i * width, width * sizeof(int32_t));
       if (coef == 1) {
         XorWords(src + i * width, dst + row * width, width);
@@ -191,11 +175,6 @@ class ParityUpdateOp : public OpKernel {
       }
       entry.rows.push_back(row);
     }
-    entry.sid = tag.sid;
-    entry.target = tag.target;
-    entry.source = tag.source;
-    entry.source_seq = tag.source_seq;
-    entry.kind = DeltaLog::kFold;
     entry.coef = static_cast<uint32_t>(coef);
     entry.field_bits = field_bits_;
     log->Append(std::move(entry));
@@ -215,12 +194,7 @@ class ParityUpdateOp : public OpKernel {
 
   void Log(DeltaLog* log, const DeltaLog::Tag& tag, int32 coef,
            RowShards* shards, const Tensor& delta) const {
-    DeltaLog::Entry entry;
-    entry.sid = tag.sid;
-    entry.target = tag.target;
-    entry.source = tag.source;
-    entry.source_seq = tag.source_seq;
-    entry.kind = DeltaLog::kFold;
+    DeltaLog::Entry entry = TaggedEntry(tag, DeltaLog::kFold);
     entry.rows = shards->ReleaseRows();
     entry.delta = delta;
     entry.coef = static_cast<uint32_t>(coef);
@@ -233,22 +207,20 @@ class ParityUpdateOp : public OpKernel {
   bool dedupe_ = false;
 };
 
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdate")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32>("Tindices"),
-                        ParityUpdateOp<int32, false>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdate")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tindices"),
-                        ParityUpdateOp<int64_t, false>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdateLogged")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32>("Tindices"),
-                        ParityUpdateOp<int32, true>);
-REGISTER_KERNEL_BUILDER(Name("EcRec>ParityUpdateLogged")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tindices"),
-                        ParityUpdateOp<int64_t, true>);
+#define EC_REC_REGISTER_PARITY_UPDATE(NAME, LOGGED)                  \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                \
+                              .Device(DEVICE_CPU)                   \
+                              .TypeConstraint<int32>("Tindices"),   \
+                          ParityUpdateOp<int32, LOGGED>);           \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                \
+                              .Device(DEVICE_CPU)                   \
+                              .TypeConstraint<int64_t>("Tindices"), \
+                          ParityUpdateOp<int64_t, LOGGED>)
+
+EC_REC_REGISTER_PARITY_UPDATE("EcRec>ParityUpdate", false);
+EC_REC_REGISTER_PARITY_UPDATE("EcRec>ParityUpdateLogged", true);
+
+#undef EC_REC_REGISTER_PARITY_UPDATE
 
 }  // namespace
 }  // namespace ec_rec

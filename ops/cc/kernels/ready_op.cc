@@ -19,7 +19,7 @@
 #include "tensorflow/core/platform/env.h"
 
 namespace tensorflow {
-namespace ecrec {
+namespace ec_rec {
 
 REGISTER_OP("EcRec>RequireEmpty")
     .Input("names: string")
@@ -133,5 +133,5 @@ class AwaitInitializedOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("EcRec>AwaitInitialized").Device(DEVICE_CPU),
                         AwaitInitializedOp);
 
-}  // namespace ecrec
+}  // namespace ec_rec
 }  // namespace tensorflow

@@ -27,34 +27,9 @@ Status CheckRange(int64_t start, int64_t count, int64_t rows) {
   return OkStatus();
 }
 
-enum Direction { kToWords, kFromWords };
-
-// Copies rows [start, start + count) of the tables to or from `words`, an
-// int32 [count, width] matrix holding the tables' rows side by side.
-void CopyRows(const std::vector<WordTable>& tables, int64_t start,
-              int64_t count, int64_t width, char* words, Direction direction) {
-  if (direction == kToWords) {
-    GatherRowWords(tables, count, width,
-                   [start](int64_t i) { return start + i; }, words);
-    return;
-  }
-  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(int32_t));
-  int64_t offset = 0;
-  for (const WordTable& table : tables) {
-    const int64_t bytes = table.words * static_cast<int64_t>(sizeof(int32_t));
-    char* rows = table.base + start * bytes;
-    for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(rows + i * bytes, words + i * row_bytes + offset, bytes);
-    }
-    offset += bytes;
-  }
-}
-
-class ReadRowWordsOp : public OpKernel {
+class ReadRowWordsOp : public VarsOpKernel {
  public:
-  explicit ReadRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t start = ctx->input(n_).scalar<int64_t>()();
@@ -66,19 +41,15 @@ class ReadRowWordsOp : public OpKernel {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
       return;
     }
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 0, n_, &vars, &tables, &width));
-    OP_REQUIRES_OK(ctx, CheckRange(start, count, tables.front().rows));
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({count, width}), &out));
-    CopyRows(tables, start, count, width,
-             const_cast<char*>(out->tensor_data().data()), kToWords);
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    OP_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({count, locked.width}), &out));
+    GatherRowWords(locked.tables, count, locked.width,
+                   [start](int64_t i) { return start + i; },
+                   const_cast<char*>(out->tensor_data().data()));
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ReadRowWords").Device(DEVICE_CPU),
                         ReadRowWordsOp);
@@ -144,17 +115,15 @@ class CombineRowsOp : public OpKernel {
   }
 
  private:
-  int n_ = 1;
+  int n_ = 1;  // parts
   int bits_ = 16;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>CombineRows").Device(DEVICE_CPU),
                         CombineRowsOp);
 
-class WriteRowWordsOp : public OpKernel {
+class WriteRowWordsOp : public VarsOpKernel {
  public:
-  explicit WriteRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t start = ctx->input(n_).scalar<int64_t>()();
@@ -164,22 +133,16 @@ class WriteRowWordsOp : public OpKernel {
                                         words.shape().DebugString()));
     const int64_t count = words.dim_size(0);
     if (count == 0) return;
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 0, n_, &vars, &tables, &width));
-    OP_REQUIRES(ctx, words.dim_size(1) == width,
-                errors::InvalidArgument(
-                    "`words` rows have ", words.dim_size(1), " words but the "
-                    "variables' rows have ", width, " together; they must be "
-                    "equal"));
-    OP_REQUIRES_OK(ctx, CheckRange(start, count, tables.front().rows));
-    CopyRows(tables, start, count, width,
-             const_cast<char*>(words.tensor_data().data()), kFromWords);
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    OP_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
+    OP_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
+    const int32_t* from = words.matrix<int32>().data();
+    for (int64_t i = 0; i < count; ++i) {
+      PutRowWords(locked.tables, start + i, from + i * locked.width,
+                  /*add=*/false);
+    }
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>WriteRowWords").Device(DEVICE_CPU),
                         WriteRowWordsOp);

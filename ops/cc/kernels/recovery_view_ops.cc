@@ -14,6 +14,7 @@
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/word_tables.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -26,63 +27,38 @@ namespace tensorflow {
 namespace ec_rec {
 namespace {
 
-Status RowsOf(const Tensor& t, const char* name, std::vector<int64_t>* rows) {
-  if (!TensorShapeUtils::IsVector(t.shape())) {
-    return errors::InvalidArgument("`", name, "` must be a vector, got shape ",
-                                   t.shape().DebugString());
-  }
-  rows->clear();
-  if (t.dtype() == DT_INT32) {
-    const auto flat = t.flat<int32>();
-    rows->assign(flat.data(), flat.data() + flat.size());
-  } else {
-    const auto flat = t.flat<int64_t>();
-    rows->assign(flat.data(), flat.data() + flat.size());
-  }
-  return OkStatus();
-}
-
-Status InRange(const std::vector<int64_t>& rows, int64_t num_rows) {
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] < 0 || rows[i] >= num_rows) {
-      return errors::InvalidArgument("rows[", i, "] = ", rows[i],
-                                     " is out of range [0, ", num_rows, ")");
-    }
-  }
-  return OkStatus();
-}
-
-class RebuildBeginPendingOp : public OpKernel {
+// A kernel that runs `Run` on the log at input 0 and the key of the variable
+// group at input 1.
+template <Status (*Run)(OpKernelContext*, DeltaLog*, const std::string&)>
+class GroupViewOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
     std::string key;
-    OP_REQUIRES_OK(ctx, VariableKey(ctx, 1, &key));
-    const int64_t rows = ctx->input(2).scalar<int64_t>()();
-    OP_REQUIRES(ctx, rows >= 0,
-                errors::InvalidArgument("`rows` must be >= 0, got ", rows));
-    log->view().BeginPending(key, rows);
+    OP_REQUIRES_OK(ctx, LookupLogAndKey(ctx, &log, &key));
+    OP_REQUIRES_OK(ctx, Run(ctx, log.get(), key));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("EcRec>RebuildBeginPending").Device(DEVICE_CPU),
-                        RebuildBeginPendingOp);
 
-class RecoveryViewStatsOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({2}), &out));
-    out->vec<int64_t>()(0) = log->view().PendingRows();
-    out->vec<int64_t>()(1) = log->view().SavedRows();
+Status BeginPending(OpKernelContext* ctx, DeltaLog* log,
+                    const std::string& key) {
+  const int64_t rows = ctx->input(2).scalar<int64_t>()();
+  if (rows < 0) {
+    return errors::InvalidArgument("`rows` must be >= 0, got ", rows);
   }
-};
+  log->view().BeginPending(key, rows);
+  return OkStatus();
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>RebuildBeginPending").Device(DEVICE_CPU),
+                        GroupViewOp<BeginPending>);
+
+Status ViewStats(OpKernelContext* ctx, DeltaLog* log) {
+  return VectorOutput(ctx, 0,
+                      {log->view().PendingRows(), log->view().SavedRows()});
+}
 REGISTER_KERNEL_BUILDER(Name("EcRec>RecoveryViewStats").Device(DEVICE_CPU),
-                        RecoveryViewStatsOp);
+                        DeltaLogOp<ViewStats>);
 
 // Asynchronous, so that lookups waiting for their rows hold no thread of the
 // PS (the rebuild's own ops need them). Registered with the step's
@@ -100,7 +76,7 @@ class AwaitRebuiltRowsOp : public AsyncOpKernel {
     std::string key;
     OP_REQUIRES_OK_ASYNC(ctx, VariableKey(ctx, 1, &key), done);
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK_ASYNC(ctx, RowsOf(ctx->input(2), "rows", &rows), done);
+    OP_REQUIRES_OK_ASYNC(ctx, RowIds(ctx->input(2), "rows", &rows), done);
     DeltaLog* raw = log.get();
     CancellableWait(
         ctx, std::move(done), raw,
@@ -113,29 +89,13 @@ class AwaitRebuiltRowsOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("EcRec>AwaitRebuiltRows").Device(DEVICE_CPU),
                         AwaitRebuiltRowsOp);
 
-class WantedRowsOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    std::string key;
-    OP_REQUIRES_OK(ctx, VariableKey(ctx, 1, &key));
-    const int64_t lo = ctx->input(2).scalar<int64_t>()();
-    const int64_t hi = ctx->input(3).scalar<int64_t>()();
-    std::vector<int64_t> rows = log->view().Wanted(key, lo, hi);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({static_cast<int64_t>(rows.size())}),
-                            &out));
-    if (!rows.empty()) {
-      std::memcpy(out->vec<int64_t>().data(), rows.data(),
-                  rows.size() * sizeof(int64_t));
-    }
-  }
-};
+Status Wanted(OpKernelContext* ctx, DeltaLog* log, const std::string& key) {
+  const int64_t lo = ctx->input(2).scalar<int64_t>()();
+  const int64_t hi = ctx->input(3).scalar<int64_t>()();
+  return VectorOutput(ctx, 0, log->view().Wanted(key, lo, hi));
+}
 REGISTER_KERNEL_BUILDER(Name("EcRec>WantedRows").Device(DEVICE_CPU),
-                        WantedRowsOp);
+                        GroupViewOp<Wanted>);
 
 class WaitWantedOp : public AsyncOpKernel {
  public:
@@ -158,10 +118,9 @@ class WaitWantedOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("EcRec>WaitWanted").Device(DEVICE_CPU),
                         WaitWantedOp);
 
-class InstallRowWordsOp : public OpKernel {
+class InstallRowWordsOp : public VarsOpKernel {
  public:
-  explicit InstallRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  explicit InstallRowWordsOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("add", &add_));
   }
 
@@ -169,7 +128,7 @@ class InstallRowWordsOp : public OpKernel {
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, RowsOf(ctx->input(n_ + 1), "rows", &rows));
+    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
     const Tensor& words = ctx->input(n_ + 2);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
@@ -182,16 +141,10 @@ class InstallRowWordsOp : public OpKernel {
                                         words.shape().DebugString()));
     std::string key;
     OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 0, n_, &vars, &tables, &width));
-    OP_REQUIRES(ctx, words.dim_size(1) == width,
-                errors::InvalidArgument(
-                    "`words` rows have ", words.dim_size(1), " words but the "
-                    "variables' rows have ", width, " together; they must be "
-                    "equal"));
-    OP_REQUIRES_OK(ctx, InRange(rows, tables.front().rows));
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    OP_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
+    OP_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
     std::vector<bool> pending;
     log->view().Claim(key, rows, &pending);
     const int32_t* src = words.matrix<int32>().data();
@@ -199,80 +152,55 @@ class InstallRowWordsOp : public OpKernel {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (!pending[i]) continue;
       ++installed;
-      const int32_t* from = src + static_cast<int64_t>(i) * width;
-      for (const WordTable& table : tables) {
-        char* dst = table.base + rows[i] * table.words * sizeof(int32_t);
-        if (add_) {
-          for (int64_t j = 0; j < table.words; ++j) {
-            uint32_t word;
-            std::memcpy(&word, dst + j * sizeof(uint32_t), sizeof(word));
-            word ^= static_cast<uint32_t>(from[j]);
-            std::memcpy(dst + j * sizeof(uint32_t), &word, sizeof(word));
-          }
-        } else {
-          std::memcpy(dst, from, table.words * sizeof(int32_t));
-        }
-        from += table.words;
-      }
+      PutRowWords(locked.tables, rows[i],
+                  src + static_cast<int64_t>(i) * locked.width, add_);
     }
     log->view().Installed(key, rows, pending);  // still under the locks
     out->scalar<int64_t>()() = installed;
   }
 
  private:
-  int n_ = 1;
   bool add_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>InstallRowWords").Device(DEVICE_CPU),
                         InstallRowWordsOp);
 
-class PreserveRangesOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    std::string key;
-    OP_REQUIRES_OK(ctx, VariableKey(ctx, 1, &key));
-    const Tensor& t = ctx->input(2);
-    OP_REQUIRES(ctx, t.dims() == 2 && t.dim_size(1) == 2,
-                errors::InvalidArgument("`ranges` must be [m, 2], got shape ",
-                                        t.shape().DebugString()));
-    const auto m = t.matrix<int64_t>();
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    for (int64_t i = 0; i < t.dim_size(0); ++i) {
-      OP_REQUIRES(ctx, m(i, 0) >= 0 && m(i, 0) <= m(i, 1),
-                  errors::InvalidArgument("ranges[", i, "] = [", m(i, 0), ", ",
-                                          m(i, 1), ") is not a range of rows"));
-      if (m(i, 0) < m(i, 1)) ranges.emplace_back(m(i, 0), m(i, 1));
+Status PreserveRanges(OpKernelContext* ctx, DeltaLog* log,
+                      const std::string& key) {
+  const Tensor& t = ctx->input(2);
+  if (t.dims() != 2 || t.dim_size(1) != 2) {
+    return errors::InvalidArgument("`ranges` must be [m, 2], got shape ",
+                                   t.shape().DebugString());
+  }
+  const auto m = t.matrix<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t i = 0; i < t.dim_size(0); ++i) {
+    if (m(i, 0) < 0 || m(i, 0) > m(i, 1)) {
+      return errors::InvalidArgument("ranges[", i, "] = [", m(i, 0), ", ",
+                                     m(i, 1), ") is not a range of rows");
     }
-    log->view().BeginPreserve(key, std::move(ranges));
+    if (m(i, 0) < m(i, 1)) ranges.emplace_back(m(i, 0), m(i, 1));
   }
-};
+  log->view().BeginPreserve(key, std::move(ranges));
+  return OkStatus();
+}
 REGISTER_KERNEL_BUILDER(Name("EcRec>PreserveRanges").Device(DEVICE_CPU),
-                        PreserveRangesOp);
+                        GroupViewOp<PreserveRanges>);
 
-class PreserveEndOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    log->view().EndPreserve();
-  }
-};
+Status EndPreserve(OpKernelContext*, DeltaLog* log) {
+  log->view().EndPreserve();
+  return OkStatus();
+}
 REGISTER_KERNEL_BUILDER(Name("EcRec>PreserveEnd").Device(DEVICE_CPU),
-                        PreserveEndOp);
+                        DeltaLogOp<EndPreserve>);
 
-class ReadPreservedRowWordsOp : public OpKernel {
+class ReadPreservedRowWordsOp : public VarsOpKernel {
  public:
-  explicit ReadPreservedRowWordsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-  }
+  using VarsOpKernel::VarsOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, RowsOf(ctx->input(n_ + 1), "rows", &rows));
+    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
     Tensor* out = nullptr;
     if (rows.empty()) {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
@@ -282,21 +210,18 @@ class ReadPreservedRowWordsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
     std::string key;
     OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
-    LockedVariables vars;
-    std::vector<WordTable> tables;
-    int64_t width = 0;
-    OP_REQUIRES_OK(ctx, LockWordTables(ctx, 0, n_, &vars, &tables, &width));
-    OP_REQUIRES_OK(ctx, InRange(rows, tables.front().rows));
+    LockedWordTables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    OP_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
     const int64_t n = static_cast<int64_t>(rows.size());
+    const int64_t width = locked.width;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
     int32_t* dst = out->matrix<int32>().data();
-    GatherRowWords(tables, n, width, [&rows](int64_t i) { return rows[i]; },
+    GatherRowWords(locked.tables, n, width,
+                   [&rows](int64_t i) { return rows[i]; },
                    reinterpret_cast<char*>(dst));
     OP_REQUIRES_OK(ctx, log->view().Substitute(key, rows.data(), n, width, dst));
   }
-
- private:
-  int n_ = 1;
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ReadPreservedRowWords").Device(DEVICE_CPU),
                         ReadPreservedRowWordsOp);

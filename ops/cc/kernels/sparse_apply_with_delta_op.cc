@@ -192,10 +192,7 @@ class SparseApplyWithDeltaOp : public OpKernel {
 
   static void Log(DeltaLog* log, const DeltaLog::Tag& tag, RowShards* ids,
                   const Tensor& delta) {
-    DeltaLog::Entry entry;
-    entry.sid = tag.sid;
-    entry.target = tag.target;
-    entry.source = tag.source;
+    DeltaLog::Entry entry = TaggedEntry(tag, DeltaLog::kApply);
     entry.rows = ids->ReleaseRows();
     entry.delta = delta;
     log->Append(std::move(entry));

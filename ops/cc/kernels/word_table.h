@@ -51,6 +51,26 @@ void GatherRowWords(const std::vector<WordTable>& tables, int64_t count,
   }
 }
 
+// Writes `from`, one row of words of the tables side by side, into row `row`
+// of the tables; with `add`, XORs it in instead.
+inline void PutRowWords(const std::vector<WordTable>& tables, int64_t row,
+                        const int32_t* from, bool add) {
+  for (const WordTable& table : tables) {
+    char* dst = table.base + row * table.words * sizeof(int32_t);
+    if (add) {
+      for (int64_t j = 0; j < table.words; ++j) {
+        uint32_t word;
+        std::memcpy(&word, dst + j * sizeof(uint32_t), sizeof(word));
+        word ^= static_cast<uint32_t>(from[j]);
+        std::memcpy(dst + j * sizeof(uint32_t), &word, sizeof(word));
+      }
+    } else {
+      std::memcpy(dst, from, table.words * sizeof(int32_t));
+    }
+    from += table.words;
+  }
+}
+
 }  // namespace ec_rec
 }  // namespace tensorflow
 

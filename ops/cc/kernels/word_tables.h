@@ -45,6 +45,40 @@ inline Status LockWordTables(OpKernelContext* ctx, int first, int n,
   return OkStatus();
 }
 
+// A kernel of an op whose variables are the input list `vars: N * resource`.
+class VarsOpKernel : public OpKernel {
+ public:
+  explicit VarsOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  }
+
+ protected:
+  int n_ = 1;  // N
+};
+
+// The variables of an op taking `vars: N * resource`, locked as word tables
+// (LockWordTables) until destruction.
+struct LockedWordTables {
+  LockedVariables vars;
+  std::vector<WordTable> tables;
+  int64_t width = 0;  // words of a row, all tables side by side
+
+  Status Lock(OpKernelContext* ctx, int first, int n) {
+    return LockWordTables(ctx, first, n, &vars, &tables, &width);
+  }
+  int64_t rows() const { return tables.front().rows; }
+
+  // Checks that rows of the input `name` have `words` words, as the tables'.
+  Status CheckWidth(const char* name, int64_t words) const {
+    if (words != width) {
+      return errors::InvalidArgument(
+          "`", name, "` rows have ", words, " words but the variables' rows "
+          "have ", width, " together; they must be equal");
+    }
+    return OkStatus();
+  }
+};
+
 }  // namespace ec_rec
 }  // namespace tensorflow
 

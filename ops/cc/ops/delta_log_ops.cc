@@ -43,6 +43,7 @@
 // finishing folds append theirs in the same kernel as the write, so a
 // recovery cut anywhere can be run again.
 
+#include "ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -240,10 +241,8 @@ REGISTER_OP("EcRec>DeltaLogUndo")
     .Attr("ordered: bool = true")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
       const int n = c->num_inputs() - 3;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1 + n), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 + n), 0, &unused));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1 + n, 3 + n));
       return shape_inference::ScalarShape(c);
     })
     .Doc(R"doc(
@@ -315,10 +314,8 @@ REGISTER_OP("EcRec>AssignAddLogged")
     .Attr("dedupe: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 3, 6));
       ShapeHandle unused;
-      for (int i = 3; i < 6; ++i) {
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-      }
       const auto* handle_data = c->input_handle_shapes_and_types(0);
       if (handle_data != nullptr && !handle_data->empty()) {
         TF_RETURN_IF_ERROR(

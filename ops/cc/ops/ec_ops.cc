@@ -46,13 +46,17 @@
 // unless its `bypass_fence` attr is set (recovery finishing a step). See
 // ops/cc/ops/delta_log_ops.cc for the log itself.
 
-#include <functional>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+
+#include "ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/lib/strings/strcat.h"
 
 namespace tensorflow {
 namespace ec_rec {
@@ -76,8 +80,8 @@ Status MergeHandleWidth(InferenceContext* c, int input, DimensionHandle* width) 
 // inputs [0, num_tables), float scalars at `scalars`, grad and indices:
 // delta is [n, num_tables * prod(var.shape[1:])].
 Status SparseApplyWithDeltaShape(InferenceContext* c, int num_tables,
-                                 std::vector<int> scalars, int grad_input,
-                                 int indices_input) {
+                                 const std::vector<int>& scalars,
+                                 int grad_input, int indices_input) {
   ShapeHandle unused;
   for (int input : scalars) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(input), 0, &unused));
@@ -119,29 +123,116 @@ Status ParityUpdateShape(InferenceContext* c) {
   }
   ShapeHandle rows;
   ShapeHandle delta;
-  ShapeHandle unused;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &rows));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &delta));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+  TF_RETURN_IF_ERROR(ScalarInputs(c, 3, 4));
   DimensionHandle n;
   TF_RETURN_IF_ERROR(c->Merge(c->Dim(rows, 0), c->Dim(delta, 0), &n));
   DimensionHandle width = c->Dim(delta, 1);
   return MergeHandleWidth(c, 0, &width);
 }
 
+// The inputs, attrs and shape of an EcRec>SparseApply*WithDelta op. Its
+// ...Logged variant has the same plus (log, sid, target) after the inputs and
+// `bypass_fence` after Tindices.
+struct ApplyOp {
+  const char* name;
+  const char* logged_name;
+  std::vector<const char*> inputs;  // var, slots, then the op's own order
+  std::vector<const char*> attrs;   // after Tindices (and bypass_fence)
+  int num_tables;                   // var + slots, inputs [0, num_tables)
+  std::vector<int> scalars;         // the float scalar inputs
+  int grad_input;
+  int indices_input;
+};
+
+// The documentation of the logged variant of `op`.
+std::string LoggedApplyDoc(const ApplyOp& op) {
+  std::vector<std::string> tables;
+  for (int t = 0; t < op.num_tables; ++t) {
+    const std::string input = op.inputs[t];
+    tables.push_back(input.substr(0, input.find(':')));
+  }
+  const bool one = op.num_tables == 1;
+  return strings::StrCat(
+      "\n", op.name, " that also logs its delta.\n\n",
+      "Appends (sid, target, source=-1, distinct rows ascending, their [n, ",
+      one ? "dim" : strings::StrCat(op.num_tables, " * dim"), "]\n",
+      one ? "" : strings::StrCat("[", absl::StrJoin(tables, " | "), "] "),
+      "old ^ new bits) to `log` under ",
+      one ? "var's lock" : "the variables' locks", ".\n");
+}
+
+InitOnStartupMarker RegisterApplyOp(const ApplyOp& op, bool logged,
+                                    const std::string& doc) {
+  register_op::OpDefBuilderWrapper b(logged ? op.logged_name : op.name);
+  for (const char* input : op.inputs) b.Input(input);
+  if (logged) b.Input("log: resource").Input("sid: int64").Input("target: int32");
+  b.Output("delta: int32").Attr("Tindices: {int32, int64} = DT_INT64");
+  if (logged) b.Attr("bypass_fence: bool = false").SetIsStateful();
+  for (const char* attr : op.attrs) b.Attr(attr);
+  const int log_input = logged ? static_cast<int>(op.inputs.size()) : -1;
+  b.SetShapeFn([op, log_input](InferenceContext* c) {
+    if (log_input >= 0) {
+      TF_RETURN_IF_ERROR(ScalarInputs(c, log_input + 1, log_input + 3));
+    }
+    return SparseApplyWithDeltaShape(c, op.num_tables, op.scalars,
+                                     op.grad_input, op.indices_input);
+  });
+  b.Doc(doc);
+  return b();
+}
+
+// Registers `op`, documented by `doc`, and its logged variant.
+InitOnStartupMarker RegisterApplyOps(const ApplyOp& op, const char* doc) {
+  RegisterApplyOp(op, /*logged=*/false, doc);
+  return RegisterApplyOp(op, /*logged=*/true, LoggedApplyDoc(op));
+}
+
+// The inputs of the FTRL ops; with `shrinkage` (FtrlV2), l2_shrinkage too.
+std::vector<const char*> FtrlInputs(bool shrinkage) {
+  std::vector<const char*> inputs = {
+      "var: resource", "accum: resource", "linear: resource", "grad: float",
+      "indices: Tindices", "lr: float", "l1: float", "l2: float"};
+  if (shrinkage) inputs.push_back("l2_shrinkage: float");
+  inputs.push_back("lr_power: float");
+  return inputs;
+}
+
+// EcRec>ParityUpdate, or with `logged` its variant that also takes (log, sid,
+// target, source, source_seq) and the `bypass_fence` and `dedupe` attrs.
+InitOnStartupMarker RegisterParityUpdateOp(bool logged, const char* doc) {
+  register_op::OpDefBuilderWrapper b(logged ? "EcRec>ParityUpdateLogged"
+                                            : "EcRec>ParityUpdate");
+  b.Input("parity: resource")
+      .Input("rows: Tindices")
+      .Input("delta: int32")
+      .Input("coef: int32")
+      .Attr("Tindices: {int32, int64} = DT_INT64")
+      .Attr("field_bits: int = 16");
+  if (!logged) return b.SetShapeFn(ParityUpdateShape).Doc(doc)();
+  return b.Input("log: resource")
+      .Input("sid: int64")
+      .Input("target: int32")
+      .Input("source: int32")
+      .Input("source_seq: int64")
+      .Attr("bypass_fence: bool = false")
+      .Attr("dedupe: bool = false")
+      .SetIsStateful()
+      .SetShapeFn([](InferenceContext* c) {
+        TF_RETURN_IF_ERROR(ScalarInputs(c, 5, 9));
+        return ParityUpdateShape(c);
+      })
+      .Doc(doc)();
+}
+
 }  // namespace
 
-REGISTER_OP("EcRec>SparseApplySgdWithDelta")
-    .Input("var: resource")
-    .Input("lr: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .SetShapeFn([](InferenceContext* c) {
-      return SparseApplyWithDeltaShape(c, 1, {1}, 2, 3);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kSgdOps = RegisterApplyOps(
+    {"EcRec>SparseApplySgdWithDelta", "EcRec>SparseApplySgdWithDeltaLogged",
+     {"var: resource", "lr: float", "grad: float", "indices: Tindices"},
+     {}, 1, {1}, 2, 3},
+    R"doc(
 Sparse SGD step that returns the bitwise delta of the touched rows.
 
 var[indices[i]] += (-grad[i]) * lr for each i in order, bit-identical to the
@@ -156,18 +247,13 @@ delta: int32 [n, dim]; old ^ new bits at the first occurrence of each id,
   zeros at later occurrences.
 )doc");
 
-REGISTER_OP("EcRec>SparseApplyAdagradWithDelta")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("lr: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .SetShapeFn([](InferenceContext* c) {
-      return SparseApplyWithDeltaShape(c, 2, {2}, 3, 4);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kAdagradOps = RegisterApplyOps(
+    {"EcRec>SparseApplyAdagradWithDelta",
+     "EcRec>SparseApplyAdagradWithDeltaLogged",
+     {"var: resource", "accum: resource", "lr: float", "grad: float",
+      "indices: Tindices"},
+     {}, 2, {2}, 3, 4},
+    R"doc(
 Sparse Adagrad step that returns the bitwise delta of the touched rows.
 
 accum += grad^2; var -= lr * grad * rsqrt(accum) per occurrence, bit-identical
@@ -183,22 +269,14 @@ delta: int32 [n, 2 * dim]; [var, accum] old ^ new bits at the first
   occurrence of each id, zeros at later occurrences.
 )doc");
 
-REGISTER_OP("EcRec>SparseApplyLazyAdamWithDelta")
-    .Input("var: resource")
-    .Input("m: resource")
-    .Input("v: resource")
-    .Input("lr: float")
-    .Input("beta1: float")
-    .Input("beta2: float")
-    .Input("epsilon: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .SetShapeFn([](InferenceContext* c) {
-      return SparseApplyWithDeltaShape(c, 3, {3, 4, 5, 6}, 7, 8);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kLazyAdamOps = RegisterApplyOps(
+    {"EcRec>SparseApplyLazyAdamWithDelta",
+     "EcRec>SparseApplyLazyAdamWithDeltaLogged",
+     {"var: resource", "m: resource", "v: resource", "lr: float",
+      "beta1: float", "beta2: float", "epsilon: float", "grad: float",
+      "indices: Tindices"},
+     {}, 3, {3, 4, 5, 6}, 7, 8},
+    R"doc(
 Sparse "lazy" Adam step that returns the bitwise delta of the touched rows.
 
 TensorFlow has no sparse Adam kernel: v1 AdamOptimizer decays every row of m
@@ -222,23 +300,11 @@ delta: int32 [n, 3 * dim]; [var, m, v] old ^ new bits at the first occurrence
   of each id, zeros at later occurrences.
 )doc");
 
-REGISTER_OP("EcRec>SparseApplyFtrlWithDelta")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("linear: resource")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("lr: float")
-    .Input("l1: float")
-    .Input("l2: float")
-    .Input("lr_power: float")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("multiply_linear_by_lr: bool = false")
-    .SetShapeFn([](InferenceContext* c) {
-      return SparseApplyWithDeltaShape(c, 3, {5, 6, 7, 8}, 3, 4);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kFtrlOps = RegisterApplyOps(
+    {"EcRec>SparseApplyFtrlWithDelta", "EcRec>SparseApplyFtrlWithDeltaLogged",
+     FtrlInputs(/*shrinkage=*/false),
+     {"multiply_linear_by_lr: bool = false"}, 3, {5, 6, 7, 8}, 3, 4},
+    R"doc(
 Sparse FTRL-Proximal step that returns the bitwise delta of the touched rows.
 
 Bit-identical to ResourceSparseApplyFtrl (the path of
@@ -255,24 +321,12 @@ delta: int32 [n, 3 * dim]; [var, accum, linear] old ^ new bits at the first
   occurrence of each id, zeros at later occurrences.
 )doc");
 
-REGISTER_OP("EcRec>SparseApplyFtrlV2WithDelta")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("linear: resource")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("lr: float")
-    .Input("l1: float")
-    .Input("l2: float")
-    .Input("l2_shrinkage: float")
-    .Input("lr_power: float")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("multiply_linear_by_lr: bool = false")
-    .SetShapeFn([](InferenceContext* c) {
-      return SparseApplyWithDeltaShape(c, 3, {5, 6, 7, 8, 9}, 3, 4);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kFtrlV2Ops = RegisterApplyOps(
+    {"EcRec>SparseApplyFtrlV2WithDelta",
+     "EcRec>SparseApplyFtrlV2WithDeltaLogged",
+     FtrlInputs(/*shrinkage=*/true),
+     {"multiply_linear_by_lr: bool = false"}, 3, {5, 6, 7, 8, 9}, 3, 4},
+    R"doc(
 Sparse FTRL-Proximal step with l2 shrinkage that returns the bitwise delta.
 
 Bit-identical to ResourceSparseApplyFtrlV2 (the path of
@@ -281,15 +335,8 @@ positive). Same inputs as EcRec>SparseApplyFtrlWithDelta plus
 `l2_shrinkage`, a non-negative float32 scalar.
 )doc");
 
-REGISTER_OP("EcRec>ParityUpdate")
-    .Input("parity: resource")
-    .Input("rows: Tindices")
-    .Input("delta: int32")
-    .Input("coef: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("field_bits: int = 16")
-    .SetShapeFn(ParityUpdateShape)
-    .Doc(R"doc(
+InitOnStartupMarker const kParityUpdateOp = RegisterParityUpdateOp(
+    /*logged=*/false, R"doc(
 Folds deltas into parity rows: parity[rows[i]] ^= coef * delta[i].
 
 The product is taken symbol by symbol in a binary field, over the
@@ -310,182 +357,8 @@ delta: int32 [n, width], e.g. the output of an EcRec>SparseApply*WithDelta op.
 coef: int32 scalar, a non-zero field element: [1, 2^field_bits - 1].
 )doc");
 
-
-// --- logged variants ------------------------------------------------------------
-
-namespace {
-
-// Shape function of a logged variant: that of the stock op, plus scalar
-// (sid, target[, source]) after the log handle at `log_input`.
-Status LoggedShape(InferenceContext* c, int log_input, int num_scalars,
-                   const std::function<Status(InferenceContext*)>& base) {
-  ShapeHandle unused;
-  for (int k = 1; k <= num_scalars; ++k) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(log_input + k), 0, &unused));
-  }
-  return base(c);
-}
-
-}  // namespace
-
-REGISTER_OP("EcRec>SparseApplySgdWithDeltaLogged")
-    .Input("var: resource")
-    .Input("lr: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("bypass_fence: bool = false")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 4, 2, [](InferenceContext* c) {
-        return SparseApplyWithDeltaShape(c, 1, {1}, 2, 3);
-      });
-    })
-    .Doc(R"doc(
-EcRec>SparseApplySgdWithDelta that also logs its delta.
-
-Appends (sid, target, source=-1, distinct rows ascending, their [n, dim]
-old ^ new bits) to `log` under var's lock.
-)doc");
-
-REGISTER_OP("EcRec>SparseApplyAdagradWithDeltaLogged")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("lr: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("bypass_fence: bool = false")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 5, 2, [](InferenceContext* c) {
-        return SparseApplyWithDeltaShape(c, 2, {2}, 3, 4);
-      });
-    })
-    .Doc(R"doc(
-EcRec>SparseApplyAdagradWithDelta that also logs its delta.
-
-Appends (sid, target, source=-1, distinct rows ascending, their [n, 2 * dim]
-[var | accum] old ^ new bits) to `log` under the variables' locks.
-)doc");
-
-REGISTER_OP("EcRec>SparseApplyLazyAdamWithDeltaLogged")
-    .Input("var: resource")
-    .Input("m: resource")
-    .Input("v: resource")
-    .Input("lr: float")
-    .Input("beta1: float")
-    .Input("beta2: float")
-    .Input("epsilon: float")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("bypass_fence: bool = false")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 9, 2, [](InferenceContext* c) {
-        return SparseApplyWithDeltaShape(c, 3, {3, 4, 5, 6}, 7, 8);
-      });
-    })
-    .Doc(R"doc(
-EcRec>SparseApplyLazyAdamWithDelta that also logs its delta.
-
-Appends (sid, target, source=-1, distinct rows ascending, their [n, 3 * dim]
-[var | m | v] old ^ new bits) to `log` under the variables' locks.
-)doc");
-
-REGISTER_OP("EcRec>SparseApplyFtrlWithDeltaLogged")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("linear: resource")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("lr: float")
-    .Input("l1: float")
-    .Input("l2: float")
-    .Input("lr_power: float")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("bypass_fence: bool = false")
-    .SetIsStateful()
-    .Attr("multiply_linear_by_lr: bool = false")
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 9, 2, [](InferenceContext* c) {
-        return SparseApplyWithDeltaShape(c, 3, {5, 6, 7, 8}, 3, 4);
-      });
-    })
-    .Doc(R"doc(
-EcRec>SparseApplyFtrlWithDelta that also logs its delta.
-
-Appends (sid, target, source=-1, distinct rows ascending, their [n, 3 * dim]
-[var | accum | linear] old ^ new bits) to `log` under the variables' locks.
-)doc");
-
-REGISTER_OP("EcRec>SparseApplyFtrlV2WithDeltaLogged")
-    .Input("var: resource")
-    .Input("accum: resource")
-    .Input("linear: resource")
-    .Input("grad: float")
-    .Input("indices: Tindices")
-    .Input("lr: float")
-    .Input("l1: float")
-    .Input("l2: float")
-    .Input("l2_shrinkage: float")
-    .Input("lr_power: float")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Output("delta: int32")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("bypass_fence: bool = false")
-    .SetIsStateful()
-    .Attr("multiply_linear_by_lr: bool = false")
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 10, 2, [](InferenceContext* c) {
-        return SparseApplyWithDeltaShape(c, 3, {5, 6, 7, 8, 9}, 3, 4);
-      });
-    })
-    .Doc(R"doc(
-EcRec>SparseApplyFtrlV2WithDelta that also logs its delta.
-
-Appends (sid, target, source=-1, distinct rows ascending, their [n, 3 * dim]
-[var | accum | linear] old ^ new bits) to `log` under the variables' locks.
-)doc");
-
-REGISTER_OP("EcRec>ParityUpdateLogged")
-    .Input("parity: resource")
-    .Input("rows: Tindices")
-    .Input("delta: int32")
-    .Input("coef: int32")
-    .Input("log: resource")
-    .Input("sid: int64")
-    .Input("target: int32")
-    .Input("source: int32")
-    .Input("source_seq: int64")
-    .Attr("Tindices: {int32, int64} = DT_INT64")
-    .Attr("field_bits: int = 16")
-    .Attr("bypass_fence: bool = false")
-    .Attr("dedupe: bool = false")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      return LoggedShape(c, 4, 4, ParityUpdateShape);
-    })
-    .Doc(R"doc(
+InitOnStartupMarker const kParityUpdateLoggedOp = RegisterParityUpdateOp(
+    /*logged=*/true, R"doc(
 EcRec>ParityUpdate that also logs what it folded.
 
 Appends (sid, target, source, distinct parity rows ascending, for each the

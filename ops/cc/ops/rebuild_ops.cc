@@ -10,6 +10,7 @@
 // table bytes pass through it and no process holds more than the slices in
 // flight beyond its own variables.
 
+#include "ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -17,20 +18,8 @@
 
 namespace tensorflow {
 namespace ec_rec {
-namespace {
 
 using shape_inference::InferenceContext;
-using shape_inference::ShapeHandle;
-
-Status Scalars(InferenceContext* c, int first, int last) {
-  ShapeHandle unused;
-  for (int i = first; i < last; ++i) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  }
-  return OkStatus();
-}
-
-}  // namespace
 
 REGISTER_OP("EcRec>ReadRowWords")
     .Input("vars: N * resource")
@@ -41,10 +30,8 @@ REGISTER_OP("EcRec>ReadRowWords")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       const int n = c->num_inputs() - 2;
-      TF_RETURN_IF_ERROR(Scalars(c, n, n + 2));
-      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim,
-                                 InferenceContext::kUnknownDim));
-      return OkStatus();
+      TF_RETURN_IF_ERROR(ScalarInputs(c, n, n + 2));
+      return UnknownMatrixOutput(c);
     })
     .Doc(R"doc(
 Rows [start, start + count) of variables seen as 32-bit words, side by side.
@@ -69,11 +56,8 @@ REGISTER_OP("EcRec>CombineRows")
     .Attr("N: int >= 1")
     .Attr("bits: int = 16")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim,
-                                 InferenceContext::kUnknownDim));
-      return OkStatus();
+      TF_RETURN_IF_ERROR(RanksAre(c, {{0, 1}}));
+      return UnknownMatrixOutput(c);
     })
     .Doc(R"doc(
 XOR of parts[j] scaled by coefs[j] in GF(2^bits), symbol by symbol.
@@ -99,9 +83,7 @@ REGISTER_OP("EcRec>WriteRowWords")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       const int n = c->num_inputs() - 2;
-      TF_RETURN_IF_ERROR(Scalars(c, n, n + 1));
-      ShapeHandle unused;
-      return c->WithRank(c->input(n + 1), 2, &unused);
+      return RanksAre(c, {{n, 0}, {n + 1, 2}});
     })
     .Doc(R"doc(
 Writes rows [start, start + n) of variables from 32-bit words (n = rows of

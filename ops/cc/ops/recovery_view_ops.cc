@@ -3,26 +3,15 @@
 // survivors. `log` is the process's EcRecDeltaLog (EcRec>DeltaLogHandle),
 // which holds the view; `var` names a variable group by its first variable.
 
+#include "ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tensorflow {
 namespace ec_rec {
-namespace {
 
 using shape_inference::InferenceContext;
-using shape_inference::ShapeHandle;
-
-Status RanksAre(InferenceContext* c, std::initializer_list<std::pair<int, int>> ranks) {
-  ShapeHandle unused;
-  for (const auto& [input, rank] : ranks) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(input), rank, &unused));
-  }
-  return OkStatus();
-}
-
-}  // namespace
 
 REGISTER_OP("EcRec>RebuildBeginPending")
     .Input("log: resource")
@@ -144,9 +133,7 @@ REGISTER_OP("EcRec>ReadPreservedRowWords")
     .SetShapeFn([](InferenceContext* c) {
       const int n = c->num_inputs() - 2;
       TF_RETURN_IF_ERROR(RanksAre(c, {{n + 1, 1}}));
-      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim,
-                                 InferenceContext::kUnknownDim));
-      return OkStatus();
+      return UnknownMatrixOutput(c);
     })
     .Doc(R"doc(
 Rows `rows` of the variables as 32-bit words side by side (as
