@@ -72,8 +72,9 @@ from typing import Any, TextIO
 
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
-from tf_ecrec.failover import ENV_CLUSTER_FILE, write_cluster_file
+from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
 from tf_ecrec.launcher.child import command as child_command
+from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.report import Event, build_report, plot_throughput
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec, KillSpec
@@ -547,7 +548,7 @@ class Supervisor:
         self._print(f"{task.name} moves from {old} to {address}")
 
     def _write_cluster_file(self, down: str | None = None) -> None:
-        """The cluster every trainer follows (tf_ecrec.failover.FileClusterSource); `down` listed without address."""
+        """The cluster every trainer follows (tf_ecrec.cluster_source.FileClusterSource); `down` listed without address."""
         any_task = next(iter(self._tasks.values()))
         cluster = {k: list(v) for k, v in any_task.cluster.cluster.items()}
         if down is not None:
@@ -691,9 +692,7 @@ class Supervisor:
     # ---- the end ---------------------------------------------------------------------------
 
     def _digest(self) -> dict[str, Any]:
-        from tf_ecrec.launcher.task import MANIFEST_FILE
-
-        manifest = os.path.join(self.job.model_dir, MANIFEST_FILE)
+        manifest = manifest_file(self.job.model_dir)
         ps = [t.cluster.address for t in self._tasks.values() if t.cluster.task_type == "ps"]
         result = subprocess.run(
             [sys.executable, "-m", "tf_ecrec.inspect", manifest, ",".join(ps)],

@@ -29,17 +29,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
+from tf_ecrec.failpoints import ENV_TASK
+from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
 from tf_ecrec.launcher.task_link import ENV_MASTER_ADDRESS, TaskLink
-from tf_ecrec.failover import ENV_CLUSTER_FILE
+from tf_ecrec.propagation import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
 
+# The models a job may train, by import path: the launcher imports them only by name (importlib),
+# never statically (tf_ecrec.examples exists only when the package is installed).
 MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn"}
-MANIFEST_FILE = "variables.json"
 SPARE_POLL_SECS = 0.2
 
 
@@ -67,8 +71,6 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 
 def start_server(cluster: ClusterConfig) -> Any:
     import tensorflow as tf
-
-    from tf_ecrec.failover import fast_reconnect
 
     fast_reconnect()  # before the server makes its first channel
 
@@ -121,8 +123,6 @@ def cluster_source(cluster: ClusterConfig, link: TaskLink | None) -> Any:
 
     With a source, the trainer runs under the failover loop (`tf_ecrec.failover`).
     """
-    from tf_ecrec.failover import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
-
     if cluster.task_type == "ps":
         return None
     path = os.environ.get(ENV_CLUSTER_FILE)
@@ -205,14 +205,13 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
 
     hooks: list[Any] = [
         ThroughputHook(
-            cluster.task,
-            status_address=os.environ.get(ENV_STATUS_ADDRESS),
+            _status_sender(cluster),
             summary_dir=job.model_dir if cluster.is_chief else None,
             batch_size=job.batch_size,
         )
     ]
     if cluster.is_chief:
-        hooks.append(VariableManifestHook(os.path.join(job.model_dir, MANIFEST_FILE), ps=list(cluster.ps_addresses)))
+        hooks.append(VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)))
     hooks += link.hooks() if link is not None else []
 
     def build(at: ClusterConfig, session_config: Any = None) -> Any:
@@ -259,7 +258,7 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
 
 
 def run(job: JobSpec, cluster: ClusterConfig) -> None:
-    os.environ["TF_ECREC_TASK"] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
+    os.environ[ENV_TASK] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
     if job.deterministic:
         import tensorflow as tf
 
@@ -273,9 +272,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         return
     if cluster.task_type != "ps" and (os.environ.get(ENV_CLUSTER_FILE) or os.environ.get(ENV_MASTER_ADDRESS)):
         # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.failover).
-        from tf_ecrec import failover
-
-        server = failover.start_server(cluster)
+        server = own_server(cluster.address)
     else:
         server = start_server(cluster)
     link = TaskLink.connect(job, cluster)  # None without a job master
@@ -296,15 +293,13 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
 
 def stand_by(job: JobSpec, address: str, num_ps: int) -> None:
     """A spare PS: serve at `address`, wait until the cluster file gives it a PS's role, take it, serve on."""
-    from tf_ecrec import failover
-
-    server = failover.own_server(address)
+    server = own_server(address)
     path = os.environ.get(ENV_CLUSTER_FILE)
     if not path:
         raise ConfigError(f"a spare PS needs the cluster file to learn its role; {ENV_CLUSTER_FILE} is not set; "
                           f"source: environment variable {ENV_CLUSTER_FILE}")
     _LOG.info("spare PS standing by at %s", address)
-    source = failover.FileClusterSource(path, num_ps)
+    source = FileClusterSource(path, num_ps)
     while True:
         try:
             addresses = source.ps_addresses()
