@@ -79,7 +79,7 @@ from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_to
 from tf_ecrec.launcher.report import Event, build_report, plot_throughput
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec, KillSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusReceiver
-from tf_ecrec.launcher.task_link import DATASET, master_environment
+from tf_ecrec.launcher.master_connection import DATASET, master_environment
 from tf_ecrec.master.server import read_token
 
 _LOG = logging.getLogger(__name__)
