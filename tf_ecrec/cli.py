@@ -147,7 +147,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_ecrec.launcher.spec import JobSpec, parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.spec import JobSpec
     from tf_ecrec.launcher.supervisor import Supervisor
 
     job = JobSpec(

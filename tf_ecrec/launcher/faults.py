@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from tf_ecrec.launcher.spec import KillSpec
+from tf_ecrec.launcher.kill_spec import KillSpec
 
 
 @dataclasses.dataclass

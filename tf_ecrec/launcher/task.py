@@ -32,11 +32,10 @@ from typing import Any
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
-from tf_ecrec.failpoints import ENV_TASK
+from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
-from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.propagation import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
@@ -258,6 +257,8 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
 
 
 def run(job: JobSpec, cluster: ClusterConfig) -> None:
+    from tf_ecrec.failpoints import ENV_TASK  # imports TensorFlow
+
     os.environ[ENV_TASK] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
     if job.deterministic:
         import tensorflow as tf
