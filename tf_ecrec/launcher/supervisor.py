@@ -97,7 +97,6 @@ class Supervisor:
 
     def __init__(self, job: JobSpec, out: TextIO = sys.stderr, live: bool | None = None) -> None:
         self.job = job
-        # The cluster trainers follow (tf_ecrec.failover): rewritten when a PS moves (--restart-at new-port).
         self._run = RunState(job, Console(out, out.isatty() if live is None else live), ProcessTable(job),
                              RunRecord(time.time()), FaultSchedule(job.kills, job.restart_delay),
                              model_dir.cluster_file(job.model_dir))
@@ -299,8 +298,6 @@ class Supervisor:
                 f"the job master exited with code {self._run.master.poll()}; last lines of its log:\n" + self._run.master.tail()
             )
             self._run.master.killed = True  # reported once
-
-    # ---- faults: kills, crashes, losses and their restarts (one path, `FaultSchedule`) ----------------
 
     # ---- the end ---------------------------------------------------------------------------
 
