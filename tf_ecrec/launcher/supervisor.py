@@ -24,7 +24,7 @@ With the job master (the default; `JobSpec` has the data rules):
 - a task is noticed dead twice over: its process exited (``waitpid``), or
   it left the master's view of live tasks (heartbeats stopped, or its
   ZooKeeper session ended) while its process still runs: then it is killed
-  and restarted like a ``--kill`` (event ``lost``, at most `MAX_LOST_RESTARTS`
+  and restarted like a ``--kill`` (event ``lost``, at most `fault_actions.MAX_LOST_RESTARTS`
   times per task);
 - every task it kills is reported to the master at once (its leased records
   go back to the queue), tagged with the generation the master gave it;
@@ -33,13 +33,20 @@ With the job master (the default; `JobSpec` has the data rules):
   port and state dir after ``--restart-delay``; tasks ride through;
 - ``--add-worker step=N`` starts a pre-allocated worker slot at step N;
   ``--remove-worker worker:I@step=N`` sends SIGTERM: the worker finishes its
-  step, flushes its progress and leaves (SIGKILL after `LEAVE_TIMEOUT_SECS`);
+  step, flushes its progress and leaves (SIGKILL after `master_driver.LEAVE_TIMEOUT_SECS`);
 - the run ends when every training worker has finished, i.e. when the
   dataset is finished; the report's ``data`` comes from the master.
 
 Every child is stopped on a normal exit, on Ctrl-C, on SIGTERM and on
 failure; children also get SIGKILL from the kernel if the supervisor dies
 (``PR_SET_PDEATHSIG``, requested by the child itself: `tf_ecrec.launcher.child`).
+
+Its parts, each a module of `tf_ecrec.launcher`: ``ports``, ``process_table``
+(every task's process and `TaskState`), ``faults`` (the fault schedule) and
+``fault_actions`` (kills and restarts, one path for every fault),
+``master_driver`` (lost tasks, elastic workers, data counters),
+``run_record`` (events and the report), ``console``; ``run_state`` is what
+they share.
 
 Events (the report's ``events``):
 
