@@ -44,10 +44,6 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
     Subclasses watch for changes in `_start_watching` / `_stop_watching`
     and report one with `_changed_to`.
 
-    Args:
-      poll_secs: Seconds between polls (hooks that poll); > 0.
-      warn_every_secs: Minimum seconds between "not polled" warnings.
-
     Attributes:
       migration: ``(old, new)`` versions (-1 where unknown) once the hook
         stopped a session; None until then.
@@ -55,11 +51,7 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
         progress signal).
     """
 
-    def __init__(self, *, poll_secs: float = 1.0, warn_every_secs: float = 30.0) -> None:
-        if poll_secs <= 0:
-            raise ConfigError(f"{type(self).__name__} poll_secs={poll_secs}; rule: > 0")
-        self._poll_secs = poll_secs
-        self._unreachable = RateLimitedLogger(_LOG, warn_every_secs)
+    def __init__(self) -> None:
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -120,10 +112,19 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
 
 
 class PollingMigrationHook(MigrationHook):
-    """A `MigrationHook` whose watch is a daemon thread running `_run_poller` until `end`."""
+    """A `MigrationHook` whose watch is a daemon thread running `_run_poller` until `end`.
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    Args:
+      poll_secs: Seconds between polls; > 0.
+      warn_every_secs: Minimum seconds between "not polled" warnings.
+    """
+
+    def __init__(self, *, poll_secs: float = 1.0, warn_every_secs: float = 30.0) -> None:
+        if poll_secs <= 0:
+            raise ConfigError(f"{type(self).__name__} poll_secs={poll_secs}; rule: > 0")
+        super().__init__()
+        self._poll_secs = poll_secs
+        self._unreachable = RateLimitedLogger(_LOG, warn_every_secs)
         self._thread: threading.Thread | None = None
 
     def _start_watching(self) -> None:
