@@ -89,7 +89,7 @@ from tf_ecrec.launcher.process_table import ProcessTable, TaskState, job_cluster
 from tf_ecrec.launcher.run_record import RunRecord, write_report
 from tf_ecrec.launcher.run_state import RunState
 from tf_ecrec.launcher.spec import JobSpec
-from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusReceiver
+from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
 from tf_ecrec.master.server import read_token
 
 _LOG = logging.getLogger(__name__)
@@ -231,8 +231,8 @@ class Supervisor:
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """One status datagram (`tf_ecrec.launcher.status`); True if it shows progress."""
-        kind, task, t = msg.get("kind"), msg.get("task", "?"), float(msg.get("t", time.time()))
-        if kind == "step":
+        kind, task, t = _kind(msg), msg.get("task", "?"), float(msg.get("t", time.time()))
+        if kind is StatusKind.STEP:
             if task in self._run.tasks and self._run.tasks[task].state is TaskState.RUNNING:
                 self._run.tasks[task].training = True
             step = int(msg.get("step", 0))
@@ -242,7 +242,7 @@ class Supervisor:
             for kind_, fault in self._run.faults.progress(t, step):
                 self._run.event(kind_, fault.task, step, t=t)
             return True
-        if kind == "session":
+        if kind is StatusKind.SESSION:
             self._run.event("session", task, int(msg.get("step", 0)), t=t)
             if task == "chief:0":
                 for pending in self._run.tasks.values():
@@ -251,10 +251,10 @@ class Supervisor:
             if self._run.faults.interrupted(t):
                 self._run.global_step = int(msg.get("step", 0))
             return True
-        if kind == "done":
+        if kind is StatusKind.DONE:
             self._run.record.done_reports[task] = msg
             return True
-        if kind == "recovered":
+        if kind is StatusKind.RECOVERED:
             extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", "phases", *_SETTLED)}
             self._run.event("recovered", task, msg.get("step"), t=t, **extra)
             self._run.console.print(
@@ -262,7 +262,7 @@ class Supervisor:
                 f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
             )
             return True
-        if kind == "rebuilding":
+        if kind is StatusKind.REBUILDING:
             self._run.event("rebuilding", task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
                         phases=msg.get("phases"))
             self._run.console.print(
@@ -270,13 +270,13 @@ class Supervisor:
                 f"(trainers resumed {msg.get('seconds')} s after the session began)"
             )
             return True
-        if kind == "settled":
+        if kind is StatusKind.SETTLED:
             self._run.event("settled", task, msg.get("step"), t=t, **{k: msg.get(k) for k in _SETTLED})
             return True
-        if kind == "failover":
+        if kind is StatusKind.FAILOVER:
             self._run.event("failover", task, None, t=t, state=msg.get("state"), reason=msg.get("reason"))
             return True
-        if kind == "error":
+        if kind is StatusKind.ERROR:
             self._run.errors.append(f"{task} failed: {msg.get('error')}")
         return False
 
@@ -331,6 +331,14 @@ class Supervisor:
         line = progress_line(now - run.record.t0, run.global_step, self.job.steps, run.record.rate(now), states,
                              data_state, master_up)
         run.console.progress(line, final=final)
+
+
+def _kind(msg: dict[str, Any]) -> StatusKind | None:
+    """The datagram's kind; None for one this launcher does not know (ignored)."""
+    try:
+        return StatusKind(msg.get("kind"))
+    except ValueError:
+        return None
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -35,7 +35,7 @@ from tf_ecrec.errors import ConfigError, DataError, EcRecError
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
-from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
+from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
 from tf_ecrec.propagation import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                    "folds_rolled_back": result.folds_rolled_back}
         if result.method == "parity" and result.background:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
-            sender.send("rebuilding", lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
+            sender.send(StatusKind.REBUILDING, lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
                         phases=result.phases)
         elif result.method in ("parity", "checkpoint", "rebuilt"):
             sender.send(
-                "recovered",
+                StatusKind.RECOVERED,
                 method="parity" if result.method == "rebuilt" else result.method,
                 lost_ps=result.lost_ps,
                 bytes_rebuilt=result.bytes_rebuilt,
@@ -112,7 +112,7 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                 **settled,
             )
         elif result.steps_undone or result.steps_finished:
-            sender.send("settled", step=result.global_step, **settled)
+            sender.send(StatusKind.SETTLED, step=result.global_step, **settled)
 
     return listener
 
@@ -137,7 +137,7 @@ def _report_failover(cluster: ClusterConfig) -> Any:
 
     def on_transition(state: Any, reason: str) -> None:
         if sender is not None and state.value in ("wait", "build", "retarget"):
-            sender.send("failover", state=state.value, reason=reason)
+            sender.send(StatusKind.FAILOVER, state=state.value, reason=reason)
 
     return on_transition
 
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _LOG.error("%s: %s", type(exc).__name__, exc)
         sender = _status_sender(cluster) if cluster is not None else None
         if sender is not None:
-            sender.send("error", error=f"{type(exc).__name__}: {exc}")
+            sender.send(StatusKind.ERROR, error=f"{type(exc).__name__}: {exc}")
         return 3
     return 0
 
