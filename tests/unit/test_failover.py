@@ -14,14 +14,14 @@ import time
 import pytest
 import tensorflow as tf
 
+from tf_ecrec.cluster_source import FileClusterSource, MasterClusterSource, write_cluster_file
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.cluster_source import FileClusterSource, MasterClusterSource, write_cluster_file
 from tf_ecrec.failover import FailoverLoop, State
-from tf_ecrec.migration import ClusterSourceMigrationHook
-from tf_ecrec.propagation import session_config
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.server import start_master
+from tf_ecrec.migration import ClusterSourceMigrationHook
+from tf_ecrec.propagation import session_config
 
 PS = ["127.0.0.1:3000", "127.0.0.1:3001", "127.0.0.1:3002"]
 

@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from tf_ecrec.launcher.report import Event, build_report, plot_throughput, recovery_entries, steady_rates
+from tf_ecrec.launcher.events import Event
+from tf_ecrec.launcher.report import build_report, plot_throughput, recovery_entries, steady_rates
 from tf_ecrec.launcher.spec import JobSpec
 
 
@@ -194,7 +195,8 @@ def test_the_summary_says_loudly_when_records_were_dropped():
 
 
 def test_settlement_totals_add_up_recoveries_and_background_settlements():
-    from tf_ecrec.launcher.report import Event, settlement_totals
+    from tf_ecrec.launcher.events import Event
+    from tf_ecrec.launcher.report import settlement_totals
 
     events = [
         Event(1.0, "recovered", "chief:0", 10, {"method": "parity", "steps_undone": 1, "steps_finished": 2, "folds_rolled_back": 3}),

@@ -21,6 +21,7 @@ import signal
 import time
 from typing import Any
 
+from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import Fault
 from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
@@ -48,14 +49,14 @@ class FaultActions:
                 if self._run.master.killed and self._run.master.poll() is not None:
                     self._run.master.start(wait=False)  # same port and state dir; clients retry meanwhile
                     self._run.faults.restarted(fault)
-                    self._run.event("restart", "master")
+                    self._run.event(EventKind.RESTART, "master")
                     self._run.console.print(f"restarted the job master at {self._run.master.address}")
                 continue
             task = self._run.tasks[fault.task]
             if task.state is TaskState.KILLED:
                 if task.cluster.task_type == "ps" and self._run.job.restart_at == "new-port":
                     self._move(task)
-                self._run.start(task, kind="restart")
+                self._run.start(task, kind=EventKind.RESTART)
                 self._run.faults.restarted(fault)
                 self._run.console.print(f"restarted {task.name} at {task.cluster.address}")
 
@@ -64,7 +65,7 @@ class FaultActions:
         assert task.process is not None
         task.process.send_signal(signal.SIGKILL)
         task.process.wait()
-        self._hit(task, fault, "kill", f"killed {task.name} at global step {self._run.global_step}")
+        self._hit(task, fault, EventKind.KILL, f"killed {task.name} at global step {self._run.global_step}")
         if self._run.watch is not None:
             self._run.note_failure(task.name)
             self._run.watch_report(task.name, reason)
@@ -72,13 +73,13 @@ class FaultActions:
     def crashed(self, task: TaskProcess, signum: int) -> None:
         """A task died from a signal (the OOM killer, a failpoint): restart it, as a pod restart would."""
         fault = self._run.faults.unplanned(task.cluster.task_type, task.cluster.task_index, self._run.global_step)
-        self._hit(task, fault, "crash", f"{task.name} died from signal {signum} at global step {self._run.global_step}: "
+        self._hit(task, fault, EventKind.CRASH, f"{task.name} died from signal {signum} at global step {self._run.global_step}: "
                   "restarting it", signal=signum)
         if self._run.watch is not None:
             self._run.note_failure(task.name)
             self._run.watch_report(task.name, f"died from signal {signum}")
 
-    def _hit(self, task: TaskProcess, fault: Fault, kind: str, message: str, **extra: Any) -> None:
+    def _hit(self, task: TaskProcess, fault: Fault, kind: EventKind, message: str, **extra: Any) -> None:
         """`task` is down from `fault`: its restart is scheduled, or a spare takes its role at once."""
         task.state = TaskState.KILLED
         self._run.faults.hit(fault, self._run.global_step)
@@ -92,7 +93,7 @@ class FaultActions:
         self._run.note_failure("master")  # before: a dead master cannot say
         self._run.master.kill()
         self._run.faults.hit(fault, self._run.global_step)
-        self._run.event("kill", "master")
+        self._run.event(EventKind.KILL, "master")
         self._run.console.print(f"killed the job master at global step {self._run.global_step}")
 
     def _take_over(self, task: TaskProcess, fault: Fault) -> bool:
@@ -116,7 +117,7 @@ class FaultActions:
         task.process, task.log = spare.process, spare.log
         task.state, task.started_at, task.member_since = TaskState.RUNNING, time.time(), None
         self._run.faults.restarted(fault)  # the spare is the restart
-        self._run.event("move", task.name, old=old, new=address, spare=spare.name)
+        self._run.event(EventKind.MOVE, task.name, old=old, new=address, spare=spare.name)
         self._run.console.print(f"{spare.name} at {address} takes the role of {task.name}")
         host = address.rsplit(":", 1)[0]
         self._run.start_spare(f"{host}:{pick_ports(1, 0, host)[0]}")
@@ -128,7 +129,7 @@ class FaultActions:
         address = f"{host}:{pick_ports(1, 0, host)[0]}"
         old = self._run.table.move(task, address)
         self._run.write_cluster_file()
-        self._run.event("move", task.name, old=old, new=address)
+        self._run.event(EventKind.MOVE, task.name, old=old, new=address)
         self._run.console.print(f"{task.name} moves from {old} to {address}")
 
     def lost(self, task: TaskProcess) -> None:
@@ -137,7 +138,7 @@ class FaultActions:
         if task.lost_restarts > MAX_LOST_RESTARTS:
             self._run.errors.append(f"{task.name} was lost by the master {task.lost_restarts} times; giving up")
             return
-        self._run.event("lost", task.name)
+        self._run.event(EventKind.LOST, task.name)
         self._run.console.print(f"{task.name} left the master's view of live tasks while its process ran: restarting it")
         fault = self._run.faults.unplanned(task.cluster.task_type, task.cluster.task_index, self._run.global_step)
         self._kill(task, fault, "lost by the master's membership")

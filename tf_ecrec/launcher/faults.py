@@ -24,6 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.kill_spec import KillSpec
 
 
@@ -105,16 +106,16 @@ class FaultSchedule:
         """Whether some fault hit and training has not resumed since (no stall is reported meanwhile)."""
         return any(f.killed_at is not None and not f.resumed for f in self.faults)
 
-    def progress(self, t: float, step: int) -> list[tuple[str, Fault]]:
-        """A step reported at `t` with global step `step`: the ("resumed" | "regained", fault) events it makes."""
-        events: list[tuple[str, Fault]] = []
+    def progress(self, t: float, step: int) -> list[tuple[EventKind, Fault]]:
+        """A step reported at `t` with global step `step`: the (RESUMED | REGAINED, fault) events it makes."""
+        events: list[tuple[EventKind, Fault]] = []
         for f in self.faults:
             if f.killed_at is None or t <= f.killed_at:
                 continue
             if not f.resumed:
                 f.resumed = True
-                events.append(("resumed", f))
+                events.append((EventKind.RESUMED, f))
             if not f.regained and step >= (f.killed_at_step or 0):
                 f.regained = True
-                events.append(("regained", f))
+                events.append((EventKind.REGAINED, f))
         return events

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tf_ecrec.errors import LaunchError
+from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 from tf_ecrec.launcher.run_state import RunState
 
@@ -71,7 +72,7 @@ class MasterDriver:
         for task in self._run.tasks.values():
             added_at = self._run.job.added_at(task.name)
             if task.state is TaskState.LATER and added_at is not None and self._run.global_step >= added_at:
-                self._run.start(task, kind="add")
+                self._run.start(task, kind=EventKind.ADD)
                 self._run.console.print(f"added {task.name} at global step {self._run.global_step}")
         for remove in self._run.job.removes:
             task = self._run.tasks[remove.task]
@@ -80,14 +81,14 @@ class MasterDriver:
                 assert task.process is not None
                 task.process.terminate()  # finish the step, report progress, leave
                 task.state, task.leave_deadline = TaskState.LEAVING, now + LEAVE_TIMEOUT_SECS
-                self._run.event("remove", task.name)
+                self._run.event(EventKind.REMOVE, task.name)
                 self._run.console.print(f"asked {task.name} to leave at global step {self._run.global_step}")
         for task in self._run.tasks.values():
             if task.state is TaskState.LEAVING and now >= task.leave_deadline and task.process is not None:
                 task.process.kill()
                 task.process.wait()
                 task.state = TaskState.REMOVED
-                self._run.event("exit", task.name, code=task.process.returncode)
+                self._run.event(EventKind.EXIT, task.name, code=task.process.returncode)
                 self._run.watch_report(task.name, f"did not leave within {LEAVE_TIMEOUT_SECS:g}s of SIGTERM")
 
     def data_state(self, max_age: float = 2.0) -> Any:
@@ -105,7 +106,7 @@ class MasterDriver:
         assert self._run.watch is not None
         if self._run.master is not None and self._run.master.killed:
             self._run.master.start(wait=True)
-            self._run.event("restart", "master")
+            self._run.event(EventKind.RESTART, "master")
         deadline = time.time() + FINAL_DATA_TIMEOUT_SECS
         while True:
             stats = self._run.watch.data_state()

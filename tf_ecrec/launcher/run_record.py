@@ -16,8 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from tf_ecrec.launcher.events import Event, EventKind
 from tf_ecrec.launcher.process_table import TaskProcess
-from tf_ecrec.launcher.report import Event, build_report, plot_throughput
+from tf_ecrec.launcher.report import build_report, plot_throughput
 from tf_ecrec.launcher.spec import JobSpec
 
 MEMORY_SAMPLE_SECS = 1.0
@@ -48,7 +49,7 @@ class RunRecord:
         self.memory: dict[str, list[tuple[float, float]]] = {}  # task -> [(t since launch, RSS MB)]
         self._memory_sampled = 0.0
 
-    def event(self, kind: str, task: str, global_step: int, t: float | None = None, **extra: Any) -> None:
+    def event(self, kind: EventKind, task: str, global_step: int, t: float | None = None, **extra: Any) -> None:
         """Records an event at `t` (default: now)."""
         self.events.append(Event(t=(t or time.time()) - self.t0, kind=kind, task=task, global_step=global_step,
                                  extra=extra))

@@ -12,6 +12,7 @@ from typing import Any
 
 from tf_ecrec.cluster_source import write_cluster_file
 from tf_ecrec.launcher.console import Console
+from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import FaultSchedule
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch
 from tf_ecrec.launcher.process_table import ProcessTable, TaskProcess
@@ -47,18 +48,18 @@ class RunState:
         self.master: MasterProcess | None = None
         self.watch: MasterWatch | None = None
 
-    def event(self, kind: str, task: str, step: int | None = None, t: float | None = None, **extra: Any) -> None:
+    def event(self, kind: EventKind, task: str, step: int | None = None, t: float | None = None, **extra: Any) -> None:
         """Records an event at `step` (default: the current global step) and `t` (default: now)."""
         self.record.event(kind, task, self.global_step if step is None else step, t=t, **extra)
 
-    def start(self, task: TaskProcess, kind: str = "start") -> None:
+    def start(self, task: TaskProcess, kind: EventKind = EventKind.START) -> None:
         """Starts `task`'s process and records it (`kind`: start, restart, add, spare)."""
         self.table.launch(task, time.time())
         self.event(kind, task.name)
 
     def start_spare(self, address: str) -> None:
         """Starts a spare PS standing by at `address` (see `tf_ecrec.launcher.task.stand_by`)."""
-        self.start(self.table.add_spare(address), kind="spare")
+        self.start(self.table.add_spare(address), kind=EventKind.SPARE)
 
     def write_cluster_file(self, down: str | None = None) -> None:
         """The cluster every trainer follows (`FileClusterSource`); `down` listed without address."""

@@ -79,6 +79,7 @@ from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.console import Console, progress_line, summary
+from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.fault_actions import FaultActions
 from tf_ecrec.launcher.faults import FaultSchedule
 from tf_ecrec.launcher.master_connection import DATASET, master_environment
@@ -174,7 +175,7 @@ class Supervisor:
                 port, state_dir, token_file, model_dir.log_file(job.model_dir, "master"), job.zk, job.task_timeout,
             )
             self._run.master.start(wait=True)
-            self._run.event("start", "master")
+            self._run.event(EventKind.START, "master")
             address = self._run.master.address
         else:
             assert job.master_address is not None
@@ -243,7 +244,7 @@ class Supervisor:
                 self._run.event(kind_, fault.task, step, t=t)
             return True
         if kind is StatusKind.SESSION:
-            self._run.event("session", task, int(msg.get("step", 0)), t=t)
+            self._run.event(EventKind.SESSION, task, int(msg.get("step", 0)), t=t)
             if task == "chief:0":
                 for pending in self._run.tasks.values():
                     if pending.state is TaskState.PENDING:
@@ -256,14 +257,14 @@ class Supervisor:
             return True
         if kind is StatusKind.RECOVERED:
             extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", "phases", *_SETTLED)}
-            self._run.event("recovered", task, msg.get("step"), t=t, **extra)
+            self._run.event(EventKind.RECOVERED, task, msg.get("step"), t=t, **extra)
             self._run.console.print(
                 f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
                 f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
             )
             return True
         if kind is StatusKind.REBUILDING:
-            self._run.event("rebuilding", task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
+            self._run.event(EventKind.REBUILDING, task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
                         phases=msg.get("phases"))
             self._run.console.print(
                 f"{task} rebuilds lost PS {msg.get('lost_ps')} while training goes on "
@@ -271,10 +272,10 @@ class Supervisor:
             )
             return True
         if kind is StatusKind.SETTLED:
-            self._run.event("settled", task, msg.get("step"), t=t, **{k: msg.get(k) for k in _SETTLED})
+            self._run.event(EventKind.SETTLED, task, msg.get("step"), t=t, **{k: msg.get(k) for k in _SETTLED})
             return True
         if kind is StatusKind.FAILOVER:
-            self._run.event("failover", task, None, t=t, state=msg.get("state"), reason=msg.get("reason"))
+            self._run.event(EventKind.FAILOVER, task, None, t=t, state=msg.get("state"), reason=msg.get("reason"))
             return True
         if kind is StatusKind.ERROR:
             self._run.errors.append(f"{task} failed: {msg.get('error')}")
@@ -288,7 +289,7 @@ class Supervisor:
             if code is None:
                 continue
             task.exit_code = code
-            self._run.event("exit", task.name, code=code)
+            self._run.event(EventKind.EXIT, task.name, code=code)
             if task.state is TaskState.LEAVING:
                 task.state = TaskState.REMOVED
                 if code != 0:
