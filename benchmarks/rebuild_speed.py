@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from tf_ecrec.launcher.supervisor import pick_ports
+from tf_ecrec.launcher.ports import pick_ports
 
 TABLES, DIM = 26, 16
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -47,7 +48,7 @@ from tf_ecrec.retry import Retry
 
 _LOG = logging.getLogger(__name__)
 
-RecordsSpec = Union[int, str, Callable[[], Any]]
+RecordsSpec = int | str | Callable[[], Any]
 _SEND_RETRY = Retry(max_tries=2, delay=0.1, deadline=2.0)
 
 
@@ -68,7 +69,7 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
 
     def __init__(self, client: MasterClient, tracker: ShardTracker, records: RecordsSpec, *,
                  flush_timeout: float = 10.0, max_queue: int = 1024,
-                 warn_every_secs: float = 30.0, sender: Optional[ProgressSender] = None) -> None:
+                 warn_every_secs: float = 30.0, sender: ProgressSender | None = None) -> None:
         if isinstance(records, bool) or not (
                 (isinstance(records, int) and records > 0) or isinstance(records, str)
                 or callable(records)):
@@ -139,7 +140,7 @@ class ShardCheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
         self._client = client
         self._dataset = dataset
         self._dir = checkpoint_dir
-        self._blob: Optional[bytes] = None
+        self._blob: bytes | None = None
 
     def before_save(self, session: Any, global_step_value: int) -> None:
         try:
@@ -165,7 +166,7 @@ def shard_checkpoint_path(checkpoint_dir: str, dataset: str, step: int) -> str:
     return os.path.join(checkpoint_dir, f"shard_state-{dataset}-{step}.json")
 
 
-def load_shard_checkpoint(checkpoint_path: str, dataset: str) -> Optional[bytes]:
+def load_shard_checkpoint(checkpoint_path: str, dataset: str) -> bytes | None:
     """Returns the shard progress saved with a checkpoint (``.../model.ckpt-123``).
 
     Returns:

@@ -43,13 +43,15 @@ import glob
 import logging
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
-from tf_ecrec.hooks.shard_progress import ShardCheckpointListener
 
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.master.client import MasterClient
+
+from . import shard_progress
 
 _LOG = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ def newest_shard_state(checkpoint_dir: str, dataset: str, step: int) -> tuple[in
 class _ShardStateListener(tf.compat.v1.train.CheckpointSaverListener):
     """Saves shard progress with checkpoints; defers the save made while a session is created."""
 
-    def __init__(self, hook: "ShardRollbackHook", inner: ShardCheckpointListener) -> None:
+    def __init__(self, hook: ShardRollbackHook, inner: shard_progress.ShardCheckpointListener) -> None:
         self._hook = hook
         self.inner = inner
         self._deferred = False
@@ -115,7 +117,7 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         self._dataset = dataset
         self.checkpoint_dir = checkpoint_dir
         self._restored = restored
-        self.listener = _ShardStateListener(self, ShardCheckpointListener(client, dataset, checkpoint_dir))
+        self.listener = _ShardStateListener(self, shard_progress.ShardCheckpointListener(client, dataset, checkpoint_dir))
         self.session: Any = None
         self._pending: tuple[int, int | None] | None = None
         self.rollbacks: list[tuple[int, int]] = []  # (checkpoint step, shard state step) per rollback

@@ -5,15 +5,20 @@ It serves two readers:
 - TensorBoard: every `every_secs` it writes ``tf_ecrec/records_per_sec`` and,
   when a session is re-created after a failure, ``tf_ecrec/session_start_step``
   (the global step the new session starts from: a drop shows a rollback);
-- the local launcher (``tf-ecrec run``): datagrams on its status channel, see
-  `tf_ecrec.launcher.status`.
+- whoever passes a `StatusReporter` (the local launcher, ``tf-ecrec run``,
+  passes the sender of its status channel): reports ``session``, ``step``
+  and ``done``, each with keyword fields.
+
+Throttling is two `tf.compat.v1.train.SecondOrStepTimer` (summaries, and
+progress reports), which may be passed in; rates are measured with `clock`.
 
 Call order (per MonitoredSession)::
 
     begin()                      find the global step and the batch-records tensor
     after_create_session(s, c)   read the global step, report "session"   (again after each recovery)
     before_run()                 fetch global step + records of this batch
-    after_run()                  accumulate; report at most every `send_every_secs`
+    after_run()                  accumulate; report when the send timer triggers, write
+                                 the rate when the summary timer does
     end(s)                       report the totals ("done")
 
 The records of a batch, and the corrupt records skipped in it, come from the
@@ -27,58 +32,69 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
 from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, CORRUPT_RECORDS_COLLECTION
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.status import StatusSender
 
 _LOG = logging.getLogger(__name__)
 
 
+class StatusReporter(Protocol):
+    """Where the hook's reports go; must never block nor raise (it runs on the training thread)."""
+
+    def send(self, kind: str, **fields: Any) -> None:
+        """Reports one event: `kind` is "session", "step" or "done"."""
+        ...
+
+
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-    """Counts trained records, writes throughput summaries, reports to the launcher.
+    """Counts trained records, writes throughput summaries, reports progress.
 
     Args:
-      task: this task, "type:index".
-      status_address: "host:port" of the launcher's status channel, or None.
+      status: where to report sessions, progress and totals, or None.
       summary_dir: where to write TensorBoard summaries, or None.
       batch_size: records per step when the graph does not say.
       every_secs: summary period.
-      send_every_secs: minimum period of progress datagrams.
+      send_every_secs: minimum period of progress reports.
       totals: called at the end; its dict is added to the "done" report.
+      summary_timer: throttles summaries (default ``SecondOrStepTimer(every_secs=every_secs)``).
+      send_timer: throttles progress reports (default ``SecondOrStepTimer(every_secs=send_every_secs)``).
+      clock: seconds, for the measured rate (default `time.time`).
     """
 
     def __init__(
         self,
-        task: str,
-        status_address: str | None = None,
+        status: StatusReporter | None = None,
         summary_dir: str | None = None,
         batch_size: int | None = None,
         every_secs: float = 5.0,
         send_every_secs: float = 0.02,
         totals: Callable[[], dict[str, Any]] | None = None,
+        *,
+        summary_timer: tf.compat.v1.train.SecondOrStepTimer | None = None,
+        send_timer: tf.compat.v1.train.SecondOrStepTimer | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if every_secs <= 0 or send_every_secs < 0:
             raise ConfigError(
                 f"every_secs must be > 0 and send_every_secs >= 0, got {every_secs}, {send_every_secs}; "
                 "source: ThroughputHook"
             )
-        self._task = task
-        self._sender = StatusSender(status_address, task) if status_address else None
+        self._status = status
         self._summary_dir = summary_dir
         self._batch_size = batch_size
-        self._every_secs = every_secs
-        self._send_every_secs = send_every_secs
+        self._summary_timer = summary_timer or tf.compat.v1.train.SecondOrStepTimer(every_secs=every_secs)
+        self._send_timer = send_timer or tf.compat.v1.train.SecondOrStepTimer(every_secs=send_every_secs)
+        self._clock = clock
         self._totals = totals
         self._records_total = 0
         self._corrupt_total = 0
         self._records_unsent = 0
         self._steps_total = 0
         self._sessions = 0
-        self._last_send = 0.0
         self._window_start = 0.0
         self._window_records = 0
         self._last_step = -1
@@ -112,12 +128,14 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         step = int(session.run(self._global_step))
         self._sessions += 1
         self._last_step = step
-        if self._sender:
-            self._sender.send("session", step=step, session=self._sessions)
+        if self._status:
+            self._status.send("session", step=step, session=self._sessions)
         if self._writer is not None and self._sessions > 1:
             self._write({"tf_ecrec/session_start_step": step}, step)
-        now = time.time()
-        self._window_start, self._window_records = now, 0
+        # A new measuring window: the summary timer triggers `every_secs` from now.
+        self._summary_timer.reset()
+        self._summary_timer.update_last_triggered_step(step)
+        self._window_start, self._window_records = self._clock(), 0
 
     def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> tf.compat.v1.train.SessionRunArgs:
         fetches = {"step": self._global_step}
@@ -136,24 +154,25 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         self._records_unsent += records
         self._window_records += records
         self._steps_total += 1
-        now = time.time()
-        if self._sender and now - self._last_send >= self._send_every_secs:
-            self._sender.send("step", step=self._last_step, records=self._records_unsent)
+        if self._status and self._send_timer.should_trigger_for_step(self._last_step):
+            self._send_timer.update_last_triggered_step(self._last_step)
+            self._status.send("step", step=self._last_step, records=self._records_unsent)
             self._records_unsent = 0
-            self._last_send = now
-        if self._writer is not None and now - self._window_start >= self._every_secs:
-            rate = self._window_records / (now - self._window_start)
+        if self._writer is not None and self._summary_timer.should_trigger_for_step(self._last_step):
+            self._summary_timer.update_last_triggered_step(self._last_step)
+            now = self._clock()
+            rate = self._window_records / max(now - self._window_start, 1e-9)
             self._write({"tf_ecrec/records_per_sec": rate}, self._last_step)
             self._window_start, self._window_records = now, 0
 
     def end(self, session: tf.compat.v1.Session) -> None:
         self._last_step = int(session.run(self._global_step))  # the step fetched last ran before its increment
-        if self._sender:
+        if self._status:
             if self._records_unsent:
-                self._sender.send("step", step=self._last_step, records=self._records_unsent)
+                self._status.send("step", step=self._last_step, records=self._records_unsent)
                 self._records_unsent = 0
             extra = self._totals() if self._totals else {}
-            self._sender.send(
+            self._status.send(
                 "done",
                 step=self._last_step,
                 records=self._records_total,

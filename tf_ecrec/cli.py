@@ -147,7 +147,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_ecrec.launcher.spec import JobSpec, parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.spec import JobSpec
     from tf_ecrec.launcher.supervisor import Supervisor
 
     job = JobSpec(
@@ -224,13 +225,12 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from tf_ecrec.inspect import PsReader, read_manifest
-    from tf_ecrec.launcher.task import MANIFEST_FILE
+    from tf_ecrec.launcher.model_dir import manifest_file
     from tf_ecrec.verify import check_parity
 
-    manifest = read_manifest(os.path.join(args.model_dir, MANIFEST_FILE))
+    manifest = read_manifest(manifest_file(args.model_dir))
     if "ec" not in manifest:
         raise ConfigError(f"the job in {args.model_dir} is not erasure-coded (no 'ec' in its manifest); source: --model-dir")
     ps = args.ps.split(",") if args.ps else manifest.get("ps")

@@ -95,19 +95,6 @@ class BarrierTimeout(EcRecError, TimeoutError):
     """Not every expected task reached a barrier before its deadline."""
 
 
-class ParameterServerMigrated(EcRecError):
-    """The PS set changed (new addresses); the session must be rebuilt.
-
-    Raised to the failover loop, which rebuilds TF_CONFIG, RunConfig,
-    Estimator and session and then continues training.
-    """
-
-    def __init__(self, message: str, *, old_version: int = -1, new_version: int = -1) -> None:
-        super().__init__(message)
-        self.old_version = old_version
-        self.new_version = new_version
-
-
 class RecoveryError(EcRecError):
     """Rebuilding a lost parameter server failed."""
 

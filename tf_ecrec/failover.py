@@ -7,24 +7,26 @@ Estimator and session.  This module does that in-process.
 
 How a trainer (chief or worker) runs under it:
 
-- its TensorFlow server boots as a one-task job of its own (`start_server`),
-  and every session carries the cluster (the PS tasks and this task) in its
-  ``ConfigProto.cluster_def`` (ClusterSpec propagation), with state shared
-  between sessions, so a session built for a new cluster reaches the moved
-  PS while the surviving PS keep their variables (`session_config`);
+- its TensorFlow server boots as a one-task job of its own
+  (`tf_ecrec.propagation.start_server`), and every session carries the
+  cluster (the PS tasks and this task) in its ``ConfigProto.cluster_def``
+  (ClusterSpec propagation), with state shared between sessions, so a
+  session built for a new cluster reaches the moved PS while the surviving
+  PS keep their variables (`tf_ecrec.propagation.session_config`);
 - sessions have an operation timeout: a session re-created for the old
   cluster waits for the dead address forever inside TensorFlow (its device
   scan has no deadline), and the timeout turns that wait into
   ``DeadlineExceededError``, which leaves ``Estimator.train``;
-- a `ClusterSource` (the job master, or a file a launcher keeps current)
-  says where the PS tasks are now.
+- a `tf_ecrec.cluster_source.ClusterSource` (the job master, or a file a
+  launcher keeps current) says where the PS tasks are now.
 
 The loop, `FailoverLoop.train`, is a state machine with bounded waits
 (DESIGN.md invariant 6)::
 
-    BUILD  write TF_CONFIG for the current cluster, build RunConfig (with the
-           session config above) and the Estimator          -> TRAIN
-    TRAIN  Estimator.train with a PsMigrationHook watching the source
+    BUILD  with TF_CONFIG set for the current cluster, build RunConfig (with
+           the session config above) and the Estimator      -> TRAIN
+    TRAIN  Estimator.train, with TF_CONFIG still that cluster's (the model_fn
+           reads its version) and a ClusterSourceMigrationHook watching the source
              the source shows the PS at new addresses: write
              them into the live session ConfigProto (see
              below), keep training                           -> RETARGET
@@ -47,10 +49,10 @@ fail, after the operation timeout (measured: 20 s from the kill, one
 timeout for the close and one for the creation, before this loop could
 rebuild).  So the loop makes the creation reach the new cluster instead:
 
-- ``GRPC_FAIL_FAST=true`` (`fast_reconnect`): TensorFlow's device scan of a
+- ``GRPC_FAIL_FAST=true`` (`tf_ecrec.propagation.fast_reconnect`): TensorFlow's device scan of a
   session being created fails at once on a task that is down, instead of
   waiting for it until the timeout; MonitoredSession retries the creation;
-- the migration hook's poller, on seeing every PS alive at the source's new
+- the migration hook's poller (`tf_ecrec.migration`), on seeing every PS alive at the source's new
   addresses, writes them into the ConfigProto the Estimator hands to every
   session it creates (``Estimator._session_config``: read, never replaced;
   tf.estimator 2.15 is its last release), so the next retry reaches the
@@ -68,197 +70,19 @@ model's ready op.
 from __future__ import annotations
 
 import enum
-import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster_source import ClusterSource
+from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
+from tf_ecrec.migration import ClusterSourceMigrationHook
+from tf_ecrec.propagation import live_session_config, session_cluster, session_config
 
 _LOG = logging.getLogger(__name__)
-
-# The job name a trainer's own server boots under: TensorFlow refuses a propagated
-# cluster that names the task exactly as its server booted.
-SERVER_JOB = "localhost"
-ENV_CLUSTER_FILE = "TF_ECREC_CLUSTER_FILE"
-
-
-class ClusterSource(Protocol):
-    """Where the PS tasks are now."""
-
-    def ps_addresses(self) -> list[str | None]:
-        """Address of each PS task by index; None for a task not alive now.
-
-        Raises:
-          EcRecError: the source cannot be read now (the caller retries until its deadline).
-        """
-        ...
-
-
-class MasterClusterSource:
-    """The job master's view: every PS task's last registered address, None unless alive."""
-
-    def __init__(self, client: Any, num_ps: int, timeout_secs: float = 2.0) -> None:
-        self._client = client
-        self._num_ps = num_ps
-        self._timeout = timeout_secs
-
-    def ps_addresses(self) -> list[str | None]:
-        from tf_ecrec.retry import Retry
-
-        cluster = self._client.get_cluster(timeout=self._timeout, retry=Retry(max_tries=1, deadline=None))
-        out: list[str | None] = [None] * self._num_ps
-        for task in cluster.tasks:
-            if task.task_type == "ps" and task.task_index < self._num_ps and task.status == "alive":
-                out[task.task_index] = task.address
-        return out
-
-
-class FileClusterSource:
-    """A JSON file holding the cluster (TF_CONFIG's ``cluster`` dict), kept current by a launcher.
-
-    The way a Kubernetes operator publishes a cluster through a mounted
-    ConfigMap.  A PS listed with an empty address is not alive.  The writer
-    replaces the file atomically (`write_cluster_file`).
-    """
-
-    def __init__(self, path: str, num_ps: int) -> None:
-        self.path = path
-        self._num_ps = num_ps
-
-    def ps_addresses(self) -> list[str | None]:
-        try:
-            with open(self.path) as f:
-                cluster = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cluster file {self.path!r} is not readable JSON ({exc}); source: {ENV_CLUSTER_FILE}") from exc
-        ps = list(cluster.get("ps", []))
-        if len(ps) != self._num_ps:
-            raise ConfigError(
-                f"cluster file {self.path!r} lists {len(ps)} PS tasks, the job has {self._num_ps}; "
-                f"rule: the PS count does not change; source: {ENV_CLUSTER_FILE}"
-            )
-        return [a or None for a in ps]
-
-
-def write_cluster_file(path: str, cluster: dict[str, Sequence[str]]) -> None:
-    """Atomically replaces the cluster file `path` (readers never see half of it)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({k: list(v) for k, v in cluster.items()}, f)
-    os.replace(tmp, path)
-
-
-# ---- servers and sessions ----------------------------------------------------------------------
-
-
-GRPC_RECONNECT_OPTIONS = (
-    "grpc.initial_reconnect_backoff_ms=200,grpc.min_reconnect_backoff_ms=200,grpc.max_reconnect_backoff_ms=500"
-)
-"""gRPC channel arguments every task of a job should run with (`fast_reconnect`)."""
-
-
-def fast_reconnect() -> None:
-    """Makes this process's TensorFlow gRPC channels reconnect to a restarted task within half a second.
-
-    A channel to a task that died waits out gRPC's connection backoff (a
-    20 s minimum connect timeout by default; TensorFlow caps only the backoff
-    itself) before it dials again, so after a PS restarts at the same address
-    the next session's device scan, and the close of the old session, stalled
-    for up to 20 s past the moment the PS served again (measured: 21.7 s from
-    the kill to the first step after it, against 8.9 s with these options).
-    TensorFlow reads ``TF_GRPC_DEFAULT_OPTIONS`` once, when it makes its first
-    channel, so this must run before any server or session of the process; a
-    value the user set is kept.
-    """
-    os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_RECONNECT_OPTIONS)
-    # A session's device scan otherwise waits for a task that is down until the operation
-    # timeout; failing at once lets MonitoredSession retry, and a retargeted retry reach
-    # a moved PS (see the module doc).  TensorFlow reads it on every call.
-    os.environ.setdefault("GRPC_FAIL_FAST", "true")
-
-
-def own_server(address: str) -> Any:
-    """A TensorFlow server at `address`, booted as a one-task job of its own (`SERVER_JOB`).
-
-    Its sessions reach other tasks through the cluster they carry (`propagated_config`).
-    """
-    import tensorflow as tf
-
-    fast_reconnect()
-
-    return tf.distribute.Server(
-        tf.train.ClusterSpec({SERVER_JOB: [address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc", start=True
-    )
-
-
-def start_server(cluster: ClusterConfig) -> Any:
-    """This trainer's TensorFlow server, at its TF_CONFIG address."""
-    return own_server(cluster.address)
-
-
-def session_cluster(cluster: ClusterConfig) -> dict[str, dict[int, str]]:
-    """The cluster a trainer's sessions carry: every PS task and the trainer itself."""
-    return {"ps": dict(enumerate(cluster.ps_addresses)), cluster.task_type: {cluster.task_index: cluster.address}}
-
-
-def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any = None) -> Any:
-    """A ConfigProto carrying `cluster` (ClusterSpec propagation), with shared state and an operation timeout.
-
-    Args:
-      cluster: the tasks the session reaches, as `tf.train.ClusterSpec` takes them;
-        one of them is the address of the server the session is opened on.
-      timeout_secs: the operation timeout: the longest a session call
-        (creating a session, one step, a checkpoint save) may take.
-      base: a ConfigProto to start from (copied).
-    """
-    import tensorflow as tf
-
-    if timeout_secs <= 0:
-        raise ConfigError(f"session timeout {timeout_secs} s; rule: > 0; source: the failover's session_timeout_secs")
-    config = tf.compat.v1.ConfigProto()
-    if base is not None:
-        config.CopyFrom(base)
-    config.cluster_def.CopyFrom(tf.train.ClusterSpec(dict(cluster)).as_cluster_def())
-    # Without this a propagated cluster isolates each session's state: variables on the PS would
-    # not be shared between the trainers, nor survive a session.
-    config.experimental.share_session_state_in_clusterspec_propagation = True
-    # Calls go to this process's master over gRPC, so that the timeout holds: an in-process
-    # master waits for the call it timed out to finish, which a scan of a dead address never does.
-    config.rpc_options.use_rpc_for_inprocess_master = True
-    config.operation_timeout_in_ms = int(timeout_secs * 1000)
-    # The propagated cluster is what the session may reach; a base's filters (the Estimator's
-    # default names other workers) would only narrow it.
-    config.device_filters[:] = []
-    return config
-
-
-def session_config(cluster: ClusterConfig, timeout_secs: float, base: Any = None) -> Any:
-    """The ConfigProto of a trainer's sessions: `propagated_config` of `session_cluster`."""
-    return propagated_config(session_cluster(cluster), timeout_secs, base)
-
-
-def live_session_config(estimator: Any, built: Any) -> Any:
-    """The ConfigProto `estimator` creates its sessions from, if it carries the cluster of `built`; else None.
-
-    `tf.estimator.Estimator` keeps one (``_session_config``; its RunConfig's,
-    possibly a copy) and passes that object to every MonitoredSession it
-    runs, which re-creates sessions from it after a failure.  None (no
-    retargeting, the session is rebuilt instead) when the Estimator holds no
-    such object or one for another cluster (a `build` that ignored the
-    session config it was given).
-    """
-    live = getattr(estimator, "_session_config", None)
-    if live is None or not hasattr(live, "cluster_def") or live.cluster_def != built.cluster_def:
-        return None
-    return live
-
-
-# ---- the loop --------------------------------------------------------------------------------
 
 
 class State(enum.Enum):
@@ -341,26 +165,28 @@ class FailoverLoop:
         """
         import tensorflow as tf
 
-        from tf_ecrec.hooks.ps_migration import PsMigrationHook
-
         session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError)
         failovers = 0
         state = self._enter(State.BUILD, f"start at PS {list(self.cluster.ps_addresses)}")
         migration: Any = None
+        built = self.cluster  # the cluster TF_CONFIG names while the Estimator built for it trains
         while True:
             if state is State.BUILD:
-                os.environ["TF_CONFIG"] = json.dumps(self.cluster.to_tf_config())
-                config = session_config(self.cluster, self._timeout)
-                self.estimator = self._build(self.cluster, config)
+                built = self.cluster
+                config = session_config(built, self._timeout)
+                with tf_config_env(built):
+                    self.estimator = self._build(built, config)
                 self._live_config = live_session_config(self.estimator, config)
-                migration = PsMigrationHook(source=self._source, expected_ps=self.cluster.ps_addresses,
-                                            poll_secs=self._poll,
-                                            retarget=self._retarget if self._live_config is not None else None)
+                migration = ClusterSourceMigrationHook(
+                    self._source, built.ps_addresses, poll_secs=self._poll,
+                    retarget=self._retarget if self._live_config is not None else None,
+                )
                 state = self._enter(State.TRAIN, "estimator built")
             elif state is State.TRAIN:
                 try:
-                    self.estimator.train(input_fn, max_steps=max_steps, hooks=[*hooks, migration],
-                                         saving_listeners=saving_listeners)
+                    with tf_config_env(built):
+                        self.estimator.train(input_fn, max_steps=max_steps, hooks=[*hooks, migration],
+                                             saving_listeners=saving_listeners)
                 except session_errors as exc:
                     if migration.steps_seen:
                         failovers = 0

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.failover import own_server, propagated_config
+from tf_ecrec.propagation import own_server, propagated_config
 
 _LOG = logging.getLogger(__name__)
 

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 import pytest
 import tensorflow as tf
 
+from tf_ecrec.cluster_source import FileClusterSource, MasterClusterSource, write_cluster_file
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.failover import (
-    FailoverLoop,
-    FileClusterSource,
-    MasterClusterSource,
-    State,
-    session_config,
-    write_cluster_file,
-)
-from tf_ecrec.hooks.ps_migration import PsMigrationHook
+from tf_ecrec.failover import FailoverLoop, State
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.server import start_master
+from tf_ecrec.migration import ClusterSourceMigrationHook
+from tf_ecrec.propagation import session_config
 
 PS = ["127.0.0.1:3000", "127.0.0.1:3001", "127.0.0.1:3002"]
 
@@ -89,7 +83,7 @@ def test_training_that_ends_normally_builds_once_and_is_done(monkeypatch):
     loop.train(lambda: None, max_steps=7, hooks=["user-hook"])
     assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN, State.DONE]
     assert seen[0]["tf_config"]["cluster"]["ps"] == PS and seen[0]["max_steps"] == 7
-    assert seen[0]["hooks"][0] == "user-hook" and isinstance(seen[0]["hooks"][1], PsMigrationHook)
+    assert seen[0]["hooks"][0] == "user-hook" and isinstance(seen[0]["hooks"][1], ClusterSourceMigrationHook)
     assert len(configs) == 1
 
 
@@ -179,8 +173,8 @@ def test_a_session_created_before_a_retarget_is_stopped_and_rebuilt():
     stops = []
     ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
     targets = []
-    hook = PsMigrationHook(source=Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), expected_ps=PS, poll_secs=0.01,
-                           retarget=targets.append)
+    hook = ClusterSourceMigrationHook(Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), PS, poll_secs=0.01,
+                                      retarget=targets.append)
     hook.begin()
     hook.after_create_session(None, None)
     deadline = time.time() + 5
@@ -199,8 +193,8 @@ def test_a_retarget_that_fails_stops_the_session_instead():
     def broken(addresses):
         raise RuntimeError("no live config")
 
-    hook = PsMigrationHook(source=Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), expected_ps=PS, poll_secs=0.01,
-                           retarget=broken)
+    hook = ClusterSourceMigrationHook(Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), PS, poll_secs=0.01,
+                                      retarget=broken)
     hook.begin()
     hook.after_create_session(None, None)
     deadline = time.time() + 5
@@ -214,7 +208,7 @@ def test_a_retarget_that_fails_stops_the_session_instead():
 def test_a_real_estimator_creates_its_sessions_from_the_config_the_loop_retargets(tmp_path):
     """The contract retargeting rests on, checked on tf.estimator itself: the ConfigProto the Estimator passes
     to its sessions is found from the one `build` was given, also when RunConfig.replace copied it."""
-    from tf_ecrec.failover import live_session_config
+    from tf_ecrec.propagation import live_session_config
 
     config = session_config(_cluster(), 5.0)
     run_config = tf.estimator.RunConfig(model_dir=str(tmp_path), session_config=config)
@@ -347,7 +341,7 @@ def test_the_file_and_the_master_agree_on_the_same_story(tmp_path):
 
 def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_address():
     answers = Source(PS, [PS[0], None, PS[2]], PS, PS)
-    hook = PsMigrationHook(source=answers, expected_ps=PS, poll_secs=0.01)
+    hook = ClusterSourceMigrationHook(answers, PS, poll_secs=0.01)
     hook.begin()
     deadline = time.time() + 0.5
     while answers.calls < 4 and time.time() < deadline:
@@ -356,14 +350,14 @@ def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_addre
     hook.after_run(type("Ctx", (), {"request_stop": lambda self: stopped.append(1)})(), None)
     hook.end(None)
     assert answers.calls >= 4 and not stopped and hook.migration is None
-    with pytest.raises(ConfigError, match=r"source= needs expected_ps="):
-        PsMigrationHook(source=answers)
-    with pytest.raises(ConfigError, match=r"exactly one of client=, membership= or source="):
-        PsMigrationHook(source=answers, expected_ps=PS, membership=object())
+    with pytest.raises(ConfigError, match=r"needs source= and expected_ps="):
+        ClusterSourceMigrationHook(answers, None)
+    with pytest.raises(ConfigError, match=r"poll_secs=0; rule: > 0"):
+        ClusterSourceMigrationHook(answers, PS, poll_secs=0)
 
 
 def test_fast_reconnect_sets_grpc_backoff_options_unless_the_user_set_them(monkeypatch):
-    from tf_ecrec.failover import GRPC_RECONNECT_OPTIONS, fast_reconnect
+    from tf_ecrec.propagation import GRPC_RECONNECT_OPTIONS, fast_reconnect
 
     monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS", raising=False)
     fast_reconnect()

@@ -5,11 +5,11 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from tf_ecrec.hooks.shard_rollback import ShardRollbackHook, newest_shard_state
 
 from tf_ecrec.data.criteo import CriteoFiles
 from tf_ecrec.data.pipeline import CORRUPT_KEY, LeasedRange, _attribute_corrupt, make_leased_dataset
 from tf_ecrec.data.synthetic import SyntheticCriteo, write_criteo_tsv
+from tf_ecrec.hooks.shard_rollback import ShardRollbackHook, newest_shard_state
 
 SIZES = [50] * 26
 
@@ -128,3 +128,39 @@ def test_a_missing_shard_state_falls_back_to_an_older_one(tmp_path):
     assert newest_shard_state(str(tmp_path), "train", 300)[0] == 300
     assert newest_shard_state(str(tmp_path), "other", 100) is None
 
+
+
+# ---- the leased-data client against a real master (port 0) -------------------------------------------
+
+
+def test_leased_data_reads_leases_in_order_and_gives_an_abandoned_pipelines_leases_back():
+    import threading
+
+    from tf_ecrec.data.leased import LeasedData
+    from tf_ecrec.master.client import MasterClient
+    from tf_ecrec.master.server import start_master
+
+    master = start_master(fsync=False)
+    try:
+        client = MasterClient(master.address, "worker", 0, timeout=2.0)
+        client.register("127.0.0.1:2000")
+        rejoined = []
+        stop = threading.Event()
+        data = LeasedData(client, "worker:0", "train", rejoin=rejoined.append, stop=stop)
+        data.register(1000, 100, 1)
+        source = SyntheticCriteo(SIZES, 1000, seed=3)
+        first = iter(data.dataset(source, 100, SIZES))
+        _, label = next(first)  # one shard of 100 records: one batch
+        np.testing.assert_array_equal(label.numpy(), source.read(0, 100).label)
+        assert data.tracker.record_trained(100)  # what ShardProgressHook does after the step
+        in_flight = client.data_state("train").records_in_flight
+        assert in_flight >= 100  # the pipeline prefetches further leases
+        # A new session re-creates the iterator: the leases the first one started go back at once.
+        second = iter(data.dataset(source, 100, SIZES))
+        next(second)
+        state = client.data_state("train")
+        assert state.records_requeued > 0 and rejoined == [] and data.failure is None
+        stop.set()  # as SIGTERM does: the input ends after the current lease
+        assert sum(1 for _ in second) < 10
+    finally:
+        master.stop(grace=0)

@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from tf_ecrec.launcher.report import Event, build_report, plot_throughput, recovery_entries, steady_rates
+from tf_ecrec.launcher.events import Event
+from tf_ecrec.launcher.report import build_report, plot_throughput, recovery_entries, steady_rates
 from tf_ecrec.launcher.spec import JobSpec
 
 
@@ -183,18 +184,19 @@ def test_an_unknown_in_flight_count_leaves_the_bound_unknown():
 
 
 def test_the_summary_says_loudly_when_records_were_dropped():
-    from tf_ecrec.launcher.supervisor import _summary
+    from tf_ecrec.launcher.console import summary
 
     data = {"records_total": 1000, "records_trained": 900, "finished": True, "records_retrained": 0,
             "records_requeued": 150, "records_failed": 100, "shards_failed": 2}
     report = {"global_step": 10, "samples_per_sec": 1.0, "effective_samples_per_sec": 1.0,
               "config": {"fault_tolerance": "ecrec"}, "recovery": [], "variables_sha256": "x", "data": data}
-    assert "DROPPED: 100 records of 2 shards" in _summary(report, "r.json")
-    assert "DROPPED" not in _summary({**report, "data": {**data, "records_failed": 0, "shards_failed": 0}}, "r.json")
+    assert "DROPPED: 100 records of 2 shards" in summary(report, "r.json")
+    assert "DROPPED" not in summary({**report, "data": {**data, "records_failed": 0, "shards_failed": 0}}, "r.json")
 
 
 def test_settlement_totals_add_up_recoveries_and_background_settlements():
-    from tf_ecrec.launcher.report import Event, settlement_totals
+    from tf_ecrec.launcher.events import Event
+    from tf_ecrec.launcher.report import settlement_totals
 
     events = [
         Event(1.0, "recovered", "chief:0", 10, {"method": "parity", "steps_undone": 1, "steps_finished": 2, "folds_rolled_back": 3}),
@@ -205,7 +207,7 @@ def test_settlement_totals_add_up_recoveries_and_background_settlements():
 
 
 def test_the_summary_names_a_kill_that_training_never_resumed_after():
-    from tf_ecrec.launcher.supervisor import _summary
+    from tf_ecrec.launcher.console import summary
 
     report = {
         "global_step": 10, "samples_per_sec": 5.0, "effective_samples_per_sec": 4.0, "config": {"fault_tolerance": "checkpoint"}, "variables_sha256": "ab",
@@ -216,6 +218,6 @@ def test_the_summary_names_a_kill_that_training_never_resumed_after():
              "seconds_to_resume": 2.0, "seconds_to_regain": None},
         ],
     }
-    text = _summary(report, "/tmp/report.json")
+    text = summary(report, "/tmp/report.json")
     assert "worker:0 killed at step 9: training did not resume after it" in text
     assert "resumed after 2.0 s, regained step 5 never" in text

@@ -1,7 +1,8 @@
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.spec import JobSpec, KillSpec
+from tf_ecrec.launcher.kill_spec import KillSpec
+from tf_ecrec.launcher.spec import JobSpec
 
 
 def test_kill_specs_parse_and_print_back():
@@ -77,7 +78,7 @@ def test_json_round_trip(tmp_path):
 
 
 def test_master_kills_and_elastic_flags_parse_and_round_trip(tmp_path):
-    from tf_ecrec.launcher.spec import parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
 
     kills = parse_kills(["master@step=50", "worker:1@step=400"])
     assert [(k.task_type, k.task, str(k)) for k in kills] == [
@@ -126,7 +127,7 @@ def test_master_and_elastic_rules_are_checked_before_anything_starts(kwargs, mes
 
 @pytest.mark.parametrize("text", ["step=", "300", "worker:1@step=3", "step=-1"])
 def test_malformed_add_worker_is_a_config_error(text):
-    from tf_ecrec.launcher.spec import parse_add_workers
+    from tf_ecrec.launcher.kill_spec import parse_add_workers
 
     with pytest.raises(ConfigError, match=r"--add-worker .* is malformed; expected step=N"):
         parse_add_workers([text])

@@ -1,10 +1,34 @@
+"""The throughput hook on a real MonitoredSession: reports, totals, summaries, throttling by its timers."""
+
 import glob
 
+import pytest
 import tensorflow as tf
 
 from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, CORRUPT_RECORDS_COLLECTION
+from tf_ecrec.errors import ConfigError
 from tf_ecrec.hooks.throughput import ThroughputHook
-from tf_ecrec.launcher.status import StatusReceiver
+
+
+class Recorder:
+    """A StatusReporter that keeps every report."""
+
+    def __init__(self):
+        self.messages = []
+
+    def send(self, kind, **fields):
+        self.messages.append({"kind": kind, **fields})
+
+
+class Clock:
+    """Seconds that advance by `tick` at every reading."""
+
+    def __init__(self, tick):
+        self.now, self.tick = 100.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
 
 
 def _graph(batch):
@@ -15,13 +39,18 @@ def _graph(batch):
     return tf.compat.v1.assign_add(gs, 1)
 
 
+def _summaries(directory):
+    events = glob.glob(str(directory / "events.out.tfevents.*"))
+    return [(e.step, v.tag, v.simple_value) for path in events for e in tf.compat.v1.train.summary_iterator(path)
+            for v in e.summary.value]
+
+
 def test_hook_reports_session_steps_records_and_totals_on_a_real_session(tmp_path):
-    receiver = StatusReceiver()
+    status = Recorder()
     with tf.Graph().as_default():
         train_op = _graph(7)
         hook = ThroughputHook(
-            "chief:0",
-            status_address=receiver.address,
+            status,
             summary_dir=str(tmp_path),
             every_secs=0.001,
             send_every_secs=0.0,
@@ -30,30 +59,44 @@ def test_hook_reports_session_steps_records_and_totals_on_a_real_session(tmp_pat
         with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
             for _ in range(25):
                 sess.run(train_op)
-    messages = []
-    for _ in range(20):
-        messages += receiver.poll(0.1)
-        if any(m["kind"] == "done" for m in messages):
-            break
-    receiver.close()
+    messages = status.messages
     kinds = [m["kind"] for m in messages]
     assert kinds[0] == "session" and messages[0]["step"] == 0
+    assert kinds[-1] == "done" and kinds.count("step") >= 2
     assert sum(m["records"] for m in messages if m["kind"] == "step") == 25 * 7
-    done = next(m for m in messages if m["kind"] == "done")
-    assert done == {**done, "records": 175, "steps": 25, "step": 25, "corrupt_records": 25, "extra_total": 2, "task": "chief:0"}
+    done = messages[-1]
+    assert done == {**done, "records": 175, "steps": 25, "step": 25, "corrupt_records": 25, "extra_total": 2}
     assert hook.records_trained == 175
-    events = glob.glob(str(tmp_path / "events.out.tfevents.*"))
-    tags = {v.tag for path in events for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value}
-    assert "tf_ecrec/records_per_sec" in tags
+    assert "tf_ecrec/records_per_sec" in {tag for _, tag, _ in _summaries(tmp_path)}
+
+
+def test_the_timers_throttle_and_the_clock_measures_without_waiting(tmp_path):
+    status = Recorder()
+    clock = Clock(tick=0.5)  # read once per window: at the session's start, then at each summary
+    with tf.Graph().as_default():
+        train_op = _graph(4)
+        hook = ThroughputHook(
+            status,
+            summary_dir=str(tmp_path),
+            summary_timer=tf.compat.v1.train.SecondOrStepTimer(every_steps=1),
+            send_timer=tf.compat.v1.train.SecondOrStepTimer(every_steps=5),
+            clock=clock,
+        )
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+            for _ in range(20):
+                sess.run(train_op)
+    steps = [m for m in status.messages if m["kind"] == "step"]
+    # A report at the first step, then one every 5 steps, then the rest at the end: no record lost.
+    assert len(steps) == 5 and sum(m["records"] for m in steps) == 20 * 4
+    rates = [value for _, tag, value in _summaries(tmp_path) if tag == "tf_ecrec/records_per_sec"]
+    # A summary per step: 4 records over one 0.5 s tick of the clock.  (The first window may hold two
+    # steps: the step a run fetches may be read before its increment, and then equals the session's.)
+    assert len(rates) in (19, 20) and rates[1:] == [8.0] * (len(rates) - 1)
 
 
 def test_hook_without_batch_records_needs_a_batch_size():
-    import pytest
-
-    from tf_ecrec.errors import ConfigError
-
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         with pytest.raises(ConfigError, match=r"needs the batch size"):
-            ThroughputHook("worker:0").begin()
-        ThroughputHook("worker:0", batch_size=4).begin()  # fine with a fallback size
+            ThroughputHook().begin()
+        ThroughputHook(batch_size=4).begin()  # fine with a fallback size

@@ -93,25 +93,14 @@ Field names are stable (other tools read them):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tf_ecrec.launcher.events import Event
+
 _LOG = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Event:
-    t: float
-    kind: str
-    task: str
-    global_step: int
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "kind": self.kind, "task": self.task, "global_step": self.global_step, **self.extra}
 
 
 MEMORY_BEFORE_SECS = 30.0

@@ -11,64 +11,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.launcher.kill_spec import KillSpec
 
 MODELS = ("dlrm", "dcn")
 FAULT_TOLERANCE = ("none", "checkpoint", "ecrec")
 STORAGE = ("partitioned", "collection")
 RESTART_AT = ("same", "new-port")
 OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
-_KILL = re.compile(r"^(?:(?P<type>ps|worker|chief):(?P<index>\d+)|(?P<master>master))@step=(?P<step>\d+)$")
-_ADD_WORKER = re.compile(r"^step=(?P<step>\d+)$")
 _HOST_PORT = re.compile(r"^[^\s:/]+:(?P<port>\d{1,5})$")
-
 
 ENV_SPARE_ADDRESS = "TF_ECREC_SPARE_ADDRESS"
 """Set by the launcher for a spare PS process (``spare_ps``): the address it stands by at."""
-
-@dataclasses.dataclass(frozen=True)
-class KillSpec:
-    """``TASK@step=N``: SIGKILL the task when the global step reaches N, then restart it.
-
-    A chief or worker is killed at the first step >= N at which it has
-    trained a step: a worker still starting up has nothing to lose.
-
-    Also the value of ``--remove-worker worker:I@step=N`` (stop the worker for
-    good at step N; see `JobSpec`).
-
-    Attributes:
-      task_type: "ps", "worker", "chief", or "master" (the job master process
-        the launcher runs; restarted on the same port and state dir).
-      task_index: index within the job as TF_CONFIG numbers it ("worker:1"
-        is the second non-chief worker); 0 for the master.
-      step: the global step that triggers the kill.
-    """
-
-    task_type: str
-    task_index: int
-    step: int
-
-    @property
-    def task(self) -> str:
-        return "master" if self.task_type == "master" else f"{self.task_type}:{self.task_index}"
-
-    @classmethod
-    def parse(cls, text: str, flag: str = "--kill") -> KillSpec:
-        m = _KILL.match(text.strip())
-        if not m:
-            raise ConfigError(
-                f"{flag} {text!r} is malformed; expected TASK@step=N with TASK one of ps:I, worker:I, chief:0, "
-                f"master (e.g. {flag} ps:1@step=1200); source: {flag}"
-            )
-        if m["master"]:
-            return cls("master", 0, int(m["step"]))
-        return cls(m["type"], int(m["index"]), int(m["step"]))
-
-    def __str__(self) -> str:
-        return f"{self.task}@step={self.step}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,26 +392,3 @@ class JobSpec:
 def _check(ok: bool, message: str, source: str) -> None:
     if not ok:
         raise ConfigError(f"{message}; source: {source}")
-
-
-def parse_kills(values: Sequence[str]) -> tuple[KillSpec, ...]:
-    return tuple(KillSpec.parse(v) for v in values)
-
-
-def parse_removes(values: Sequence[str]) -> tuple[KillSpec, ...]:
-    """``--remove-worker worker:I@step=N`` values."""
-    return tuple(KillSpec.parse(v, "--remove-worker") for v in values)
-
-
-def parse_add_workers(values: Sequence[str]) -> tuple[int, ...]:
-    """``--add-worker step=N`` values: the global steps at which a worker joins."""
-    steps = []
-    for text in values:
-        m = _ADD_WORKER.match(text.strip())
-        if not m:
-            raise ConfigError(
-                f"--add-worker {text!r} is malformed; expected step=N (e.g. --add-worker step=300); "
-                "source: --add-worker"
-            )
-        steps.append(int(m["step"]))
-    return tuple(steps)

@@ -1,14 +1,20 @@
 """The status channel from training tasks to the local launcher: JSON datagrams over loopback UDP.
 
-A datagram is one JSON object with at least ``kind``, ``task`` and ``t`` (the
-sender's wall clock).  Kinds:
+A datagram is one JSON object with at least ``kind`` (a `StatusKind` value),
+``task`` and ``t`` (the sender's wall clock).  Kinds:
 
 - ``step``: ``step`` (global step last seen), ``records`` (records trained
   since the previous datagram);
 - ``session``: a (re)created training session; ``step`` is the global step it
   starts from;
 - ``done``: training ended; ``corrupt_records`` and other totals;
-- ``digest``/``error``: results or a failure description.
+- ``recovered``/``rebuilding``/``settled``: the chief's recovery of lost PS
+  tasks (`tf_ecrec.launcher.task`);
+- ``failover``: a trainer's failover loop changed state (``state``, ``reason``);
+- ``error``: a failure description.
+
+The first three come from `tf_ecrec.hooks.throughput.ThroughputHook`, which
+a `StatusSender` serves as its status reporter.
 
 UDP because the sender must never block a training step: ``sendto`` on
 loopback either queues the datagram or drops it, and the launcher tolerates a
@@ -18,6 +24,7 @@ reconciled with the final ``done`` totals).
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import socket
@@ -27,6 +34,19 @@ from typing import Any
 _LOG = logging.getLogger(__name__)
 
 ENV_STATUS_ADDRESS = "TF_ECREC_STATUS_ADDRESS"
+
+
+class StatusKind(str, enum.Enum):
+    """The kinds of status datagrams (the values go on the wire)."""
+
+    STEP = "step"
+    SESSION = "session"
+    DONE = "done"
+    RECOVERED = "recovered"
+    REBUILDING = "rebuilding"
+    SETTLED = "settled"
+    FAILOVER = "failover"
+    ERROR = "error"
 
 
 class StatusSender:
@@ -40,7 +60,8 @@ class StatusSender:
         self._sock.setblocking(False)
         self._warned = False
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: StatusKind | str, **fields: Any) -> None:
+        """Sends one datagram of `kind` (a `StatusKind` or its value) with `fields`."""
         payload = {"kind": kind, "task": self._task, "t": time.time(), **fields}
         try:
             self._sock.sendto(json.dumps(payload).encode(), self._target)

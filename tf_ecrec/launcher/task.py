@@ -29,17 +29,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
+from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
+from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
-from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusSender
-from tf_ecrec.launcher.task_link import ENV_MASTER_ADDRESS, TaskLink
-from tf_ecrec.failover import ENV_CLUSTER_FILE
+from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
+from tf_ecrec.propagation import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
 
+# The models a job may train, by import path: the launcher imports them only by name (importlib),
+# never statically (tf_ecrec.examples exists only when the package is installed).
 MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn"}
-MANIFEST_FILE = "variables.json"
 SPARE_POLL_SECS = 0.2
 
 
@@ -68,8 +71,6 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 def start_server(cluster: ClusterConfig) -> Any:
     import tensorflow as tf
 
-    from tf_ecrec.failover import fast_reconnect
-
     fast_reconnect()  # before the server makes its first channel
 
     return tf.distribute.Server(
@@ -97,11 +98,11 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                    "folds_rolled_back": result.folds_rolled_back}
         if result.method == "parity" and result.background:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
-            sender.send("rebuilding", lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
+            sender.send(StatusKind.REBUILDING, lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
                         phases=result.phases)
         elif result.method in ("parity", "checkpoint", "rebuilt"):
             sender.send(
-                "recovered",
+                StatusKind.RECOVERED,
                 method="parity" if result.method == "rebuilt" else result.method,
                 lost_ps=result.lost_ps,
                 bytes_rebuilt=result.bytes_rebuilt,
@@ -111,25 +112,23 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
                 **settled,
             )
         elif result.steps_undone or result.steps_finished:
-            sender.send("settled", step=result.global_step, **settled)
+            sender.send(StatusKind.SETTLED, step=result.global_step, **settled)
 
     return listener
 
 
-def cluster_source(cluster: ClusterConfig, link: TaskLink | None) -> Any:
+def cluster_source(cluster: ClusterConfig, master: MasterConnection | None) -> Any:
     """Where a trainer learns the PS addresses: the launcher's cluster file, else the job master, else nowhere.
 
     With a source, the trainer runs under the failover loop (`tf_ecrec.failover`).
     """
-    from tf_ecrec.failover import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
-
     if cluster.task_type == "ps":
         return None
     path = os.environ.get(ENV_CLUSTER_FILE)
     if path:
         return FileClusterSource(path, cluster.num_ps)
-    if link is not None:
-        return MasterClusterSource(link.client, cluster.num_ps)
+    if master is not None:
+        return MasterClusterSource(master.client, cluster.num_ps)
     return None
 
 
@@ -138,15 +137,15 @@ def _report_failover(cluster: ClusterConfig) -> Any:
 
     def on_transition(state: Any, reason: str) -> None:
         if sender is not None and state.value in ("wait", "build", "retarget"):
-            sender.send("failover", state=state.value, reason=reason)
+            sender.send(StatusKind.FAILOVER, state=state.value, reason=reason)
 
     return on_transition
 
 
-def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) -> None:
+def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None = None) -> None:
     """Trains the job's model as this worker.
 
-    With a job master (`link`) the input is the shards this worker leases and
+    With a job master (`master`) the input is the shards this worker leases and
     training ends when the dataset is finished; without one, static shards
     until the global step reaches job.steps.
     """
@@ -171,8 +170,8 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
 
         params["ec"] = True
         recovery = _report_recovery(cluster)
-        if link is not None:  # the chief's shard-progress rollback follows the recovery's method
-            recovery = link.recovery_listener(recovery)
+        if master is not None:  # the chief's shard-progress rollback follows the recovery's method
+            recovery = master.recovery_listener(recovery)
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
                                rebuild_share=job.rebuild_share)
@@ -182,11 +181,11 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
         # Initialisation, checkpoint saves and restores of a large model outlast the session timeout.
         model_fn = long_deadline_model_fn(model_fn)
     source = make_source(job, params)
-    if link is not None:
-        link.register_dataset(source.num_records)
+    if master is not None:
+        master.register_dataset(source.num_records)
 
         def input_fn() -> tf.data.Dataset:
-            return link.dataset(source, job.batch_size, params["table_sizes"])
+            return master.data.dataset(source, job.batch_size, params["table_sizes"])
 
     else:
         shards = StaticShards(
@@ -205,15 +204,14 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
 
     hooks: list[Any] = [
         ThroughputHook(
-            cluster.task,
-            status_address=os.environ.get(ENV_STATUS_ADDRESS),
+            _status_sender(cluster),
             summary_dir=job.model_dir if cluster.is_chief else None,
             batch_size=job.batch_size,
         )
     ]
     if cluster.is_chief:
-        hooks.append(VariableManifestHook(os.path.join(job.model_dir, MANIFEST_FILE), ps=list(cluster.ps_addresses)))
-    hooks += link.hooks() if link is not None else []
+        hooks.append(VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)))
+    hooks += master.hooks() if master is not None else []
 
     def build(at: ClusterConfig, session_config: Any = None) -> Any:
         with tf_config_env(at):
@@ -231,7 +229,7 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
             run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
         return tf.estimator.Estimator(model_fn=model_fn, params=params, config=run_config)
 
-    ps_source = cluster_source(cluster, link)
+    ps_source = cluster_source(cluster, master)
     if ps_source is None:
         runner: Any = build(cluster)
     else:
@@ -243,13 +241,13 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
     try:
         runner.train(
             lambda: input_fn(),
-            max_steps=None if link is not None else job.steps,  # with a master: until the data is finished
+            max_steps=None if master is not None else job.steps,  # with a master: until the data is finished
             hooks=hooks,
-            saving_listeners=link.saving_listeners() if link is not None else None,
+            saving_listeners=master.saving_listeners() if master is not None else None,
         )
     except tf.errors.OpError as exc:
-        if link is not None:
-            link.raise_failure()  # the lease loop's own error (master unreachable, ...)
+        if master is not None:
+            master.raise_failure()  # the lease loop's own error (master unreachable, ...)
         # A DataError raised by the reader inside the input pipeline reaches us
         # wrapped in a TensorFlow error; surface it as itself.
         found = re.search(r"DataError: (.*)", exc.message or "")
@@ -259,7 +257,9 @@ def train(job: JobSpec, cluster: ClusterConfig, link: TaskLink | None = None) ->
 
 
 def run(job: JobSpec, cluster: ClusterConfig) -> None:
-    os.environ["TF_ECREC_TASK"] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
+    from tf_ecrec.failpoints import ENV_TASK  # imports TensorFlow
+
+    os.environ[ENV_TASK] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
     if job.deterministic:
         import tensorflow as tf
 
@@ -275,38 +275,34 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         return
     if cluster.task_type != "ps" and (os.environ.get(ENV_CLUSTER_FILE) or os.environ.get(ENV_MASTER_ADDRESS)):
         # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.failover).
-        from tf_ecrec import failover
-
-        server = failover.start_server(cluster)
+        server = own_server(cluster.address)
     else:
         server = start_server(cluster)
-    link = TaskLink.connect(job, cluster)  # None without a job master
+    master = MasterConnection.connect(job, cluster)  # None without a job master
     if cluster.task_type == "ps":
         _LOG.info("%s serving at %s", cluster.task, cluster.address)
         server.join()
         return
-    if link is None:
+    if master is None:
         train(job, cluster)
         return
-    link.install_stop_signal()  # SIGTERM (--remove-worker): finish the step, report, leave
+    master.install_stop_signal()  # SIGTERM (--remove-worker): finish the step, report, leave
     try:
-        train(job, cluster, link)
-        link.leave()
+        train(job, cluster, master)
+        master.leave()
     finally:
-        link.close()
+        master.close()
 
 
 def stand_by(job: JobSpec, address: str, num_ps: int) -> None:
     """A spare PS: serve at `address`, wait until the cluster file gives it a PS's role, take it, serve on."""
-    from tf_ecrec import failover
-
-    server = failover.own_server(address)
+    server = own_server(address)
     path = os.environ.get(ENV_CLUSTER_FILE)
     if not path:
         raise ConfigError(f"a spare PS needs the cluster file to learn its role; {ENV_CLUSTER_FILE} is not set; "
                           f"source: environment variable {ENV_CLUSTER_FILE}")
     _LOG.info("spare PS standing by at %s", address)
-    source = failover.FileClusterSource(path, num_ps)
+    source = FileClusterSource(path, num_ps)
     while True:
         try:
             addresses = source.ps_addresses()
@@ -317,15 +313,15 @@ def stand_by(job: JobSpec, address: str, num_ps: int) -> None:
             break
         time.sleep(SPARE_POLL_SECS)
     index = addresses.index(address)
-    # Only the role's identity matters to the master link; a PS that is down (no address in the
+    # Only the role's identity matters to the master connection; a PS that is down (no address in the
     # file) gets a placeholder, unique and never dialled, so that the config validates.
     ps = tuple(a or f"0.0.0.0:{65535 - i}" for i, a in enumerate(addresses))
     role = ClusterConfig({"ps": ps}, "ps", index)
     _LOG.info("spare PS at %s takes the role of %s", address, role.task)
-    link = TaskLink.connect(job, role)  # the job master learns ps:I's new address from it
+    master = MasterConnection.connect(job, role)  # the job master learns ps:I's new address from it
     server.join()
-    if link is not None:
-        link.close()
+    if master is not None:
+        master.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -343,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _LOG.error("%s: %s", type(exc).__name__, exc)
         sender = _status_sender(cluster) if cluster is not None else None
         if sender is not None:
-            sender.send("error", error=f"{type(exc).__name__}: {exc}")
+            sender.send(StatusKind.ERROR, error=f"{type(exc).__name__}: {exc}")
         return 3
     return 0
 

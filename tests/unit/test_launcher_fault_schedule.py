@@ -1,0 +1,77 @@
+"""The launcher's fault schedule, driven by an injected clock: kills due by step, restarts due by time, recovery."""
+
+from __future__ import annotations
+
+from tf_ecrec.launcher.faults import FaultSchedule
+from tf_ecrec.launcher.kill_spec import KillSpec
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_planned_kill_is_due_at_its_step_and_its_restart_after_the_delay():
+    clock = Clock()
+    schedule = FaultSchedule([KillSpec("ps", 1, 300), KillSpec("worker", 0, 100)], restart_delay=2.0, clock=clock)
+    assert [f.task for f in schedule.faults] == ["worker:0", "ps:1"]  # by step
+    assert schedule.due_kills(99) == []
+    (due,) = schedule.due_kills(100)
+    assert due.task == "worker:0"
+    # The caller may defer a due kill (a worker not yet training): it stays due.
+    assert schedule.due_kills(101) == [due]
+    schedule.hit(due, 104)
+    assert (due.killed_at, due.killed_at_step, due.restart_at) == (1000.0, 104, 1002.0)
+    assert schedule.due_kills(200) == []
+    assert schedule.due_restarts(1001.9) == []
+    assert schedule.due_restarts(1002.0) == [due]
+    schedule.restarted(due)
+    assert due.restart_at is None and schedule.due_restarts(5000.0) == []
+    assert [f.task for f in schedule.due_kills(300)] == ["ps:1"]
+
+
+def test_after_a_kill_the_first_step_resumes_and_the_step_of_the_kill_regains():
+    clock = Clock()
+    schedule = FaultSchedule([KillSpec("ps", 0, 50)], restart_delay=0.0, clock=clock)
+    (fault,) = schedule.due_kills(60)
+    assert not schedule.interrupted(999.0) and not schedule.awaiting_resume()
+    schedule.hit(fault, 60)
+    assert schedule.awaiting_resume()
+    assert not schedule.interrupted(1000.0)  # a datagram sent before the kill
+    assert schedule.interrupted(1000.5)  # after it: the global step may go down
+    assert schedule.progress(999.0, 61) == []  # a step from before the kill does not count
+    clock.now = 1005.0
+    assert schedule.progress(1003.0, 41) == [("resumed", fault)]  # rolled back to 40
+    assert not schedule.awaiting_resume() and not schedule.interrupted(1004.0)
+    assert schedule.progress(1004.0, 59) == []
+    assert schedule.progress(1006.0, 60) == [("regained", fault)]
+    assert schedule.progress(1007.0, 70) == []  # each once
+
+
+def test_an_unplanned_fault_is_hit_at_once_and_restarts_like_a_planned_one():
+    clock = Clock(50.0)
+    schedule = FaultSchedule([], restart_delay=3.0, clock=clock)
+    crash = schedule.unplanned("ps", 2, 120)
+    assert crash.task == "ps:2" and crash.spec.step == 120 and schedule.due_kills(10_000) == [crash]
+    schedule.hit(crash, 120)
+    assert schedule.due_kills(10_000) == []
+    clock.now = 60.0
+    lost = schedule.unplanned("worker", 1, 130)
+    schedule.hit(lost, 130)
+    assert schedule.due_restarts(53.0) == [crash]
+    assert schedule.due_restarts(63.0) == [crash, lost]
+    schedule.restarted(crash)  # e.g. a spare PS took its role
+    assert schedule.due_restarts(63.0) == [lost]
+
+
+def test_the_master_is_a_fault_target_like_any_task():
+    schedule = FaultSchedule([KillSpec.parse("master@step=10")], restart_delay=1.0, clock=Clock(7.0))
+    (fault,) = schedule.due_kills(10)
+    assert fault.on_master and fault.task == "master"
+    schedule.hit(fault, 10)
+    assert schedule.due_restarts(8.0) == [fault]

@@ -1,0 +1,205 @@
+"""Stopping a session between steps when the parameter servers change, and following a move in place.
+
+`MigrationHook` is the part every PS-change hook shares: something off the
+training thread (a poller, a watch) calls `MigrationHook._changed_to` when it
+sees a change, and the hook acts on it only between steps::
+
+    __init__     validate; remember what the session was built for
+    begin        start watching (`_start_watching`: a poller thread, a subscription)
+    after_create_session  remember which retarget the session was created after
+    before_run   nothing to fetch
+    after_run    if a change was seen (or this session predates a retarget):
+                 request_stop() once, record ``migration`` = (old, new)
+    end          stop watching (`_stop_watching`)
+
+After ``Estimator.train`` returns, a non-None ``migration`` says the hook
+stopped the session: the failover loop (`tf_ecrec.failover`) then rebuilds
+TF_CONFIG, the Estimator and the session for the new cluster.
+
+`ClusterSourceMigrationHook` polls a `tf_ecrec.cluster_source.ClusterSource`
+for the PS addresses and is the one the failover loop runs.  The hooks that
+poll the job master's ``ps_version`` or watch a membership backend are in
+``tf_ecrec.hooks.ps_migration``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_ecrec.cluster_source import ClusterSource
+from tf_ecrec.errors import ConfigError, EcRecError
+from tf_ecrec.master.rate_limited_log import RateLimitedLogger
+
+_LOG = logging.getLogger(__name__)
+
+
+class MigrationHook(tf.compat.v1.train.SessionRunHook):
+    """Requests a stop after the first step that ends once a PS change was seen.
+
+    Subclasses watch for changes in `_start_watching` / `_stop_watching`
+    and report one with `_changed_to`.
+
+    Attributes:
+      migration: ``(old, new)`` versions (-1 where unknown) once the hook
+        stopped a session; None until then.
+      steps_seen: Steps completed under this hook (the failover loop's
+        progress signal).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._baseline: int | None = None
+        self._new: int | None = None
+        self._stop_requested = False
+        self._target_gen = 0  # retargets so far
+        self._session_gen = 0  # retargets before the current session was created
+        self.migration: tuple[int, int] | None = None
+        self.steps_seen = 0
+
+    # --- hook contract -----------------------------------------------------------
+
+    def begin(self) -> None:
+        self._stop.clear()
+        self._start_watching()
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        with self._lock:
+            self._session_gen = self._target_gen
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        self.steps_seen += 1
+        with self._lock:
+            stale = self._session_gen != self._target_gen  # a session of the cluster before a retarget
+        if stale and not self._stop_requested:
+            self._changed.set()
+        if not self._changed.is_set() or self._stop_requested:
+            return
+        with self._lock:
+            old, new = self._baseline, self._new
+        self.migration = (-1 if old is None else old, -1 if new is None else new)
+        self._stop_requested = True
+        _LOG.info("Parameter servers changed (version %s -> %s); stopping the session for "
+                  "migration", *self.migration)
+        run_context.request_stop()
+
+    def end(self, session: Any) -> None:
+        self._stop.set()
+        self._stop_watching()
+
+    # --- for subclasses -------------------------------------------------------------
+
+    def _start_watching(self) -> None:
+        """Called by `begin`: start noticing changes off the training thread."""
+        raise NotImplementedError
+
+    def _stop_watching(self) -> None:
+        """Called by `end`: stop noticing changes."""
+        raise NotImplementedError
+
+    def _changed_to(self, new: int | None = None) -> None:
+        """A change was seen (`new`: the new version, when known); the next step ends the session."""
+        with self._lock:
+            if new is not None:
+                self._new = new
+        self._changed.set()
+
+
+class PollingMigrationHook(MigrationHook):
+    """A `MigrationHook` whose watch is a daemon thread running `_run_poller` until `end`.
+
+    Args:
+      poll_secs: Seconds between polls; > 0.
+      warn_every_secs: Minimum seconds between "not polled" warnings.
+    """
+
+    def __init__(self, *, poll_secs: float = 1.0, warn_every_secs: float = 30.0) -> None:
+        if poll_secs <= 0:
+            raise ConfigError(f"{type(self).__name__} poll_secs={poll_secs}; rule: > 0")
+        super().__init__()
+        self._poll_secs = poll_secs
+        self._unreachable = RateLimitedLogger(_LOG, warn_every_secs)
+        self._thread: threading.Thread | None = None
+
+    def _start_watching(self) -> None:
+        self._thread = threading.Thread(target=self._run_poller, daemon=True, name="tf-ecrec-ps-migration-poller")
+        self._thread.start()
+
+    def _stop_watching(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=self._poll_secs + 5.0)
+            self._thread = None
+
+    def _run_poller(self) -> None:
+        raise NotImplementedError
+
+
+class ClusterSourceMigrationHook(PollingMigrationHook):
+    """Polls a cluster source for the PS addresses; stops (or retargets) when the PS tasks move.
+
+    A change is every PS task alive at addresses other than ``expected_ps``
+    (a PS that is down is not a change yet; one back at its old address is none).
+
+    Args:
+      source: The `ClusterSource` to poll.
+      expected_ps: The PS addresses the session was built for.
+      poll_secs: Seconds between polls.
+      warn_every_secs: Minimum seconds between "not polled" warnings.
+      retarget: ``retarget(addresses)`` points the sessions TensorFlow
+        creates from now on at the PS `addresses` (the failover loop writes
+        them into the live session ConfigProto).  With it a move is followed
+        in place: the poller retargets and keeps watching, and only a session
+        created before the move is stopped (one created after it already
+        reaches the new addresses).  The source must publish a new address
+        only once the task at the old one is gone (a replacement after a
+        failure, as the launcher and a Kubernetes controller do).
+
+    Attributes:
+      retargets: Moves followed in place so far.
+    """
+
+    def __init__(self, source: ClusterSource, expected_ps: Sequence[str], *, poll_secs: float = 1.0,
+                 warn_every_secs: float = 30.0,
+                 retarget: Callable[[Sequence[str]], None] | None = None) -> None:
+        if source is None or expected_ps is None:
+            raise ConfigError("ClusterSourceMigrationHook needs source= and expected_ps= (the PS addresses the "
+                              "session uses)")
+        super().__init__(poll_secs=poll_secs, warn_every_secs=warn_every_secs)
+        self._source = source
+        self._expected_ps = list(expected_ps)
+        self._retarget = retarget
+        self.retargets = 0
+
+    def _run_poller(self) -> None:
+        while not self._stop.is_set():
+            try:
+                now = self._source.ps_addresses()
+            except EcRecError as exc:
+                self._unreachable.warning("PS addresses not polled: %s", exc)
+            else:
+                if all(now) and list(now) != self._expected_ps:
+                    _LOG.info("PS tasks moved from %s to %s", self._expected_ps, now)
+                    if self._retarget is None or not self._retarget_to(list(now)):
+                        self._changed_to()
+                        return
+            self._stop.wait(self._poll_secs)
+
+    def _retarget_to(self, addresses: list[str]) -> bool:
+        """Points new sessions at `addresses`; False if that failed (then the session is stopped)."""
+        try:
+            assert self._retarget is not None
+            self._retarget(addresses)
+        except Exception:  # noqa: BLE001 - fall back to stopping the session, which rebuilds everything
+            _LOG.exception("retargeting the sessions at %s failed; stopping the session instead", addresses)
+            return False
+        with self._lock:
+            self._expected_ps = addresses
+            self._target_gen += 1
+            self.retargets += 1
+        return True
