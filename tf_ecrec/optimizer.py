@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, failpoints, placement, steplog, unfolded
+from tf_ecrec import codec, failpoints, gf16, placement, steplog, unfolded
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.device import on_ps, ps_device
@@ -657,7 +657,7 @@ def _gf_mul_words(coef: int, words: tf.Tensor) -> tf.Tensor:
     """coef * each 16-bit little-endian symbol of int32 words, in GF(2^16) (the codec's field)."""
     if coef == 1:
         return words
-    t = codec.mul_tables(coef).astype(np.int64)
+    t = gf16.mul_tables(coef).astype(np.int64)
     lo_t, hi_t = tf.constant(t[0]), tf.constant(t[1])
     w = tf.bitwise.bitwise_and(tf.cast(words, tf.int64), 0xFFFFFFFF)
 
