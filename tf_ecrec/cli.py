@@ -226,7 +226,7 @@ def _verify(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from tf_ecrec.inspect import PsReader, read_manifest
+    from tf_ecrec.live_cluster import PsReader, read_manifest
     from tf_ecrec.launcher.task import MANIFEST_FILE
     from tf_ecrec.verify import check_parity
 

@@ -1,7 +1,7 @@
 """Check, from the live PS tasks, that every parity and replica equals the code of what it protects.
 
 This is invariant 1 made observable: read data, slots, parity and replicas
-(`tf_ecrec.inspect`), re-encode every stripe with `tf_ecrec.codec`, compare
+(`tf_ecrec.live_cluster`), re-encode every stripe with `tf_ecrec.codec`, compare
 bit for bit.  Run it when no step is in flight (after training, or with the
 job paused): a step in flight has applied its data update and not yet its
 parity update, which is not a mismatch but looks like one.
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec import codec, inspect, placement
-from tf_ecrec.inspect import ArrayReader
+from tf_ecrec import codec, live_cluster, placement
+from tf_ecrec.live_cluster import ArrayReader
 
 _LOG = logging.getLogger(__name__)
 
@@ -33,9 +33,9 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
 
     Args:
       ec_meta: the protection's description (`ECOptimizer.describe`, the manifest's ``"ec"``).
-      source: the variables: a mapping of name to array, or a `tf_ecrec.inspect.PsReader`
+      source: the variables: a mapping of name to array, or a `tf_ecrec.live_cluster.PsReader`
         on the live PS tasks.
-      budget: bytes read per call (default `tf_ecrec.inspect.READ_BYTES`): stripes are
+      budget: bytes read per call (default `tf_ecrec.live_cluster.READ_BYTES`): stripes are
         checked a bounded group of rows at a time, so a model of many GB is verified in
         a few hundred MB.
 
@@ -44,7 +44,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
        "replica_mismatches", "mismatched": [first few descriptions]}.
     """
     reader = ArrayReader(source) if isinstance(source, Mapping) else source
-    budget = budget or inspect.READ_BYTES
+    budget = budget or live_cluster.READ_BYTES
     k, r = ec_meta["code"]
     code = codec.Code(k, r)
     stripes = rows_checked = mismatches = 0
@@ -112,7 +112,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         else:
             row_bytes = sum(int(np.prod(reader.shape(n)[1:])) * reader.dtype(n).itemsize for n in [name, *slots])
             bad = []
-            for lo, hi in inspect.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
+            for lo, hi in live_cluster.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
                 idx = np.arange(lo, hi)
                 got = reader.read([(n, idx) for n in [name, *slots, *reps]])
                 expected = np.concatenate([v.reshape(hi - lo, -1) for v in got[: 1 + len(slots)]], axis=1).view(np.int32)

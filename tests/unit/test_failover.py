@@ -363,7 +363,7 @@ def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_addre
 
 
 def test_fast_reconnect_sets_grpc_backoff_options_unless_the_user_set_them(monkeypatch):
-    from tf_ecrec.failover import GRPC_RECONNECT_OPTIONS, fast_reconnect
+    from tf_ecrec.ps_session import GRPC_RECONNECT_OPTIONS, fast_reconnect
 
     monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS", raising=False)
     fast_reconnect()

@@ -696,7 +696,7 @@ class Supervisor:
         manifest = os.path.join(self.job.model_dir, MANIFEST_FILE)
         ps = [t.cluster.address for t in self._tasks.values() if t.cluster.task_type == "ps"]
         result = subprocess.run(
-            [sys.executable, "-m", "tf_ecrec.inspect", manifest, ",".join(ps)],
+            [sys.executable, "-m", "tf_ecrec.live_cluster", manifest, ",".join(ps)],
             capture_output=True,
             text=True,
             timeout=300,

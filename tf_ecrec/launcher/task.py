@@ -68,7 +68,7 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 def start_server(cluster: ClusterConfig) -> Any:
     import tensorflow as tf
 
-    from tf_ecrec.failover import fast_reconnect
+    from tf_ecrec.ps_session import fast_reconnect
 
     fast_reconnect()  # before the server makes its first channel
 
