@@ -115,12 +115,12 @@ def main() -> int:
     chief = tf.distribute.Server(spec, job_name="chief", task_index=0, start=True)
     results = []
     try:
-        from tf_ecrec import rebuild
+        from tf_ecrec import background_rebuild
 
         modes = [("sync", 1)] + [("background", int(w)) for w in args.walkers.split(",")]
         for slice_mb in (int(x) for x in args.slice_mb.split(",")):
             for mode, walkers in modes:
-                rebuild.WALKERS = walkers
+                background_rebuild.WALKERS = walkers
                 graph, plan, init, destroy, lost_bytes = build(args.rows, args.ps, k, r, slice_mb << 20,
                                                                background=mode == "background")
                 with tf.compat.v1.Session(chief.target, graph=graph) as sess:

@@ -60,6 +60,7 @@ dead task's step blocks the round-1 commits behind it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import secrets
 import threading
@@ -91,6 +92,18 @@ def new_step_id(generation: int = 0) -> tf.Tensor:
     return sid
 
 
+class TargetKind(str, enum.Enum):
+    """What a logged variable group is."""
+
+    DATA = "data"  # a variable and its slots, updated by the optimizer
+    PARITY = "parity"  # a parity variable, folded into
+    REPLICA = "replica"  # a replica of a dense variable, folded into
+    COUNTER = "counter"  # the global step or one of its replicas
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclasses.dataclass
 class Target:
     """A logged variable group: the variables one log entry's delta covers, in order."""
@@ -98,7 +111,7 @@ class Target:
     tid: int
     ps: int
     variables: list[tf.Variable]
-    kind: str  # "data" (var + slots), "parity", "replica", "counter"
+    kind: TargetKind
     source: int = -1  # the data target a parity/replica folds from
     ordered: bool = True
 
@@ -163,12 +176,12 @@ class Reconciler:
                 log = logs[t.ps]
                 with tf.device(log.device):
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq, tid, ordered=t.ordered)
-                    if t.kind in ("parity", "replica"):
+                    if t.kind in (TargetKind.PARITY, TargetKind.REPLICA):
                         self._fold[tid] = ec_ops.parity_update(
                             t.variables[0], self._rows, self._delta, coef=self._coef, log=log, sid=self._sid,
                             target=tid, source=self._source, source_seq=self._source_seq, bypass_fence=True, dedupe=True,
                         )
-                    if t.kind == "counter":
+                    if t.kind == TargetKind.COUNTER:
                         var = t.variables[0]
                         self._add[tid] = ec_ops.assign_add_logged(
                             var, tf.constant(1, var.dtype.base_dtype), log, self._sid, tid, source=t.source,
@@ -251,7 +264,7 @@ class Reconciler:
         # lost (its folds and count are then complete).  With a data PS lost, a step round-1 committed
         # only on some PS tasks is not done: B rolls its lost part back, and C undoes the rest whole
         # (round 1 leaves its applies in the logs until round 2 for that).
-        lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
+        lost_sources = {tid for tid, t in self.targets.items() if t.kind == TargetKind.DATA and t.ps in lost}
         done = {
             sid for sid in pending
             if sid in round2 or (not lost_sources and any(s.is_data_committed(sid) for s in snaps.values()))
@@ -356,7 +369,7 @@ class Reconciler:
         # it was undone but another step counted after it (the global step then runs one ahead of the
         # whole steps; every variable still holds whole updates only, and the copies agree).
         for tid, t in sorted(self.targets.items()):
-            if t.kind == "counter" and t.ps in alive:
+            if t.kind == TargetKind.COUNTER and t.ps in alive:
                 sess.run(self._add[tid], {self._sid: sid})
         return all_undone
 

@@ -51,7 +51,7 @@ from tf_ecrec import ops as ec_ops
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery import WHOLE_MARKERS, RecoveryPlan
-from tf_ecrec.steplog import GENERATION_SHIFT
+from tf_ecrec.steplog import GENERATION_SHIFT, TargetKind
 from tf_ecrec.verify import check_parity
 
 TABLES = [("a", 48), ("b", 12)]
@@ -132,7 +132,7 @@ class Rig:
                     ops.append(tf.raw_ops.DestroyResourceOp(resource=self.opt.logs[p], ignore_lookup_error=True))
                 self.destroy[p] = tf.group(*ops)
             # Words of every apply target (var + slots), the rows the oracle follows.
-            self.data_targets = {tid: t for tid, t in self.opt.targets.items() if t.kind == "data"}
+            self.data_targets = {tid: t for tid, t in self.opt.targets.items() if t.kind == TargetKind.DATA}
             self.words = {
                 tid: tf.concat([tf.reshape(v.read_value(), [int(v.shape[0]), -1]) for v in t.variables], axis=1)
                 for tid, t in self.data_targets.items()
