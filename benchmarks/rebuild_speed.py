@@ -51,7 +51,8 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
 
     import tf_ecrec
     from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
-    from tf_ecrec.recovery import WHOLE_MARKERS, RecoveryPlan
+    from tf_ecrec.recovery import RecoveryPlan
+    from tf_ecrec.recovery_graph import WHOLE_MARKERS
 
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):

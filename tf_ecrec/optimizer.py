@@ -49,8 +49,7 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.protection import ProtectionVariables
-from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, gate as _gate
-from tf_ecrec.steplog import TargetKind
+from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind, gate as _gate
 from tf_ecrec.update_rule import UpdateRule
 
 _LOG = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self.parity = self.variables.parity  # collection -> PS -> parity variable
         self.replicas = self.variables.replicas  # variable name -> replicas
         self.protected = self.variables.protected  # variable name -> variable (dense + global step)
-        self.targets: dict[int, steplog.Target] = {}  # logged variable groups by id (tf_ecrec.steplog)
+        self.targets: dict[int, Target] = {}  # logged variable groups by id (tf_ecrec.steplog)
         self._tid: dict[str, int] = {}
         self.logs: dict[int, tf.Tensor] = {}  # PS task -> delta log handle
         self._sid: tf.Tensor | None = None
@@ -228,7 +227,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             tid = len(self._tid)
             self._tid[name] = tid
             ordered = kind in (TargetKind.DATA, TargetKind.COUNTER)
-            self.targets[tid] = steplog.Target(tid, ps, variables, kind, source, ordered)
+            self.targets[tid] = Target(tid, ps, variables, kind, source, ordered)
         return self._tid[name]
 
     def _logged(self, ps: int, tid: int, **more: Any) -> dict[str, Any]:

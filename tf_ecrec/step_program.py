@@ -11,12 +11,37 @@ gate runs the op alone; the fault-schedule harness drives steps that way.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tensorflow as tf
 
 if TYPE_CHECKING:
     from tf_ecrec.embedding import EmbeddingCollection
+
+
+class TargetKind(str, enum.Enum):
+    """What a logged variable group is."""
+
+    DATA = "data"  # a variable and its slots, updated by the optimizer
+    PARITY = "parity"  # a parity variable, folded into
+    REPLICA = "replica"  # a replica of a dense variable, folded into
+    COUNTER = "counter"  # the global step or one of its replicas
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass
+class Target:
+    """A logged variable group: the variables one log entry's delta covers, in order."""
+
+    tid: int
+    ps: int
+    variables: list[tf.Variable]
+    kind: TargetKind
+    source: int = -1  # the data target a parity/replica folds from
+    ordered: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,6 @@ dead task's step blocks the round-1 commits behind it.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import secrets
 import threading
@@ -71,6 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
 
@@ -90,30 +90,6 @@ def new_step_id(generation: int = 0) -> tf.Tensor:
     )
     sid.set_shape([])
     return sid
-
-
-class TargetKind(str, enum.Enum):
-    """What a logged variable group is."""
-
-    DATA = "data"  # a variable and its slots, updated by the optimizer
-    PARITY = "parity"  # a parity variable, folded into
-    REPLICA = "replica"  # a replica of a dense variable, folded into
-    COUNTER = "counter"  # the global step or one of its replicas
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclasses.dataclass
-class Target:
-    """A logged variable group: the variables one log entry's delta covers, in order."""
-
-    tid: int
-    ps: int
-    variables: list[tf.Variable]
-    kind: TargetKind
-    source: int = -1  # the data target a parity/replica folds from
-    ordered: bool = True
 
 
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
