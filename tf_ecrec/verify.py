@@ -17,6 +17,7 @@ import numpy as np
 
 from tf_ecrec import codec, live_cluster, placement
 from tf_ecrec.live_cluster import ArrayReader
+from tf_ecrec.stripe_encoding import np_row_words
 
 _LOG = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         layout = placement.Layout.from_json(coll["layout"]).table(coll["name"])
         c = layout.chunk_rows
         names = {int(p): [name, *coll["slots"][p]] for p, name in coll["data"].items()}
+        data_ps = {name: int(p) for p, name in coll["data"].items()}  # data variable -> its PS
         row_bytes = sum(int(np.prod(reader.shape(n)[1:])) * reader.dtype(n).itemsize for n in next(iter(names.values())))
         # Units of work: (stripe, first row, end row) within its chunks, grouped under the budget.
         span = max(1, budget // max(1, row_bytes * (k + r)))
@@ -80,14 +82,13 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
             requests = []
             for var, held in rows.items():
                 idx = np.concatenate(held)
-                requests += [(n, idx) for n in (names[_ps_of(coll, var)] if var in coll["data"].values() else [var])]
+                requests += [(n, idx) for n in (names[data_ps[var]] if var in data_ps else [var])]
             values = dict(zip([n for n, _ in requests], reader.read(requests)))
             for u, (stripe, lo, hi) in enumerate(group):
                 data = []
                 for dc in stripe.data:
                     var, off, n = where[(u, dc.index_in_stripe)]
-                    parts = [values[name][off : off + n].reshape(n, -1) for name in names[dc.ps]]
-                    data.append(np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32))
+                    data.append(np_row_words([values[name][off : off + n] for name in names[dc.ps]], n))
                 expected = codec.encode(code, data)
                 for pc in stripe.parity:
                     var, off, n = where[(u, pc.index_in_stripe)]
@@ -115,7 +116,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
             for lo, hi in live_cluster.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
                 idx = np.arange(lo, hi)
                 got = reader.read([(n, idx) for n in [name, *slots, *reps]])
-                expected = np.concatenate([v.reshape(hi - lo, -1) for v in got[: 1 + len(slots)]], axis=1).view(np.int32)
+                expected = np_row_words(got[: 1 + len(slots)], hi - lo)
                 bad += [rep for rep, copy in zip(reps, got[1 + len(slots) :]) if not np.array_equal(copy, expected)]
         replicas += len(reps)
         for rep in dict.fromkeys(bad):
@@ -131,6 +132,3 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         "mismatched": mismatched,
     }
 
-
-def _ps_of(coll: Mapping[str, Any], var: str) -> int:
-    return next(int(p) for p, name in coll["data"].items() if name == var)
