@@ -49,7 +49,8 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.protection import ProtectionVariables
-from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind, gate as _gate
+from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind
+from tf_ecrec.step_program import gate as _gate
 from tf_ecrec.update_rule import UpdateRule
 
 _LOG = logging.getLogger(__name__)
