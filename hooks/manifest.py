@@ -1,7 +1,7 @@
 """A hook that writes the manifest of the model's variables when the graph is built.
 
 The manifest (name, dtype, shape, device of every global variable, slots and
-global step included) is what `tf_ecrec.inspect` needs to read the variables
+global step included) is what `tf_ecrec.live_cluster` needs to read the variables
 back from the PS tasks without the model's code; with erasure-coded
 protection it also describes which variables are parity and replicas of
 which (``"ec"``), for `tf_ecrec.verify`.  Run it on the chief.
@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.inspect import variable_records, write_manifest
+from tf_ecrec.live_cluster import variable_records, write_manifest
 
 
 class VariableManifestHook(tf.compat.v1.train.SessionRunHook):

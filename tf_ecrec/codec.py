@@ -2,17 +2,13 @@
 
 Why bitwise codes
 -----------------
-ECRec kept one parity row per stripe as the float sum of its data rows and
-updated it with ``parity -= delta``.  Float addition rounds, so that parity
-drifts away from the sum after every update, and decoding it
-(``parity - sum(others)``) cancels digits: the rebuilt rows are close to the
-lost ones, never equal.  Here parity is a function of the *bits* of the data,
-computed in a Galois field where addition is XOR and nothing rounds:
-
-* a parity equals the code of its data bit for bit, however many incremental
-  updates were folded into it (see :func:`parity_delta`);
-* a rebuilt row has the bytes of the lost one, NaN payloads, infinities and
-  ``-0.0`` included.
+ECRec kept parity as the float sum of its data rows, updated with ``parity -=
+delta``: float addition rounds, so parity drifts and decoding cancels digits
+(rebuilt rows are close to the lost ones, never equal).  Here parity is a
+function of the data's *bits* in a Galois field where addition is XOR and
+nothing rounds: a parity equals the code of its data bit for bit however many
+updates were folded into it (:func:`parity_delta`), and a rebuilt row has the
+lost one's bytes (NaN payloads, infinities and ``-0.0`` included).
 
 The code
 --------
@@ -22,35 +18,25 @@ parity chunks.  Parity ``p`` (``0 <= p < r``) is::
     parity[p] = XOR over j of  matrix[p, j] * data[j]      (products in GF(2^16))
 
 The coefficient matrix is the one of pyeclib's ``liberasurecode_rs_vand``
-backend, so pyeclib can check us and can do bulk decodes for us.  That backend
-works in GF(2^16) with the primitive polynomial ``x^16 + x^12 + x^3 + x + 1``
-(0x1100B) on 16-bit symbols, not in GF(2^8): unit vectors encoded with k=4,
-r=2 give the parity symbols ``[[1, 1, 1, 1], [0x5003, 0xCC06, 0x6B6F, 0x7802]]``,
-whose low bytes are the ``[3, 6, 111, 2]`` quoted in the design brief.  Its
-matrix is built (and :func:`parity_matrix` rebuilds it) in closed form:
+backend (GF(2^16), see `tf_ecrec.gf16`), so pyeclib can check us: unit
+vectors encoded with k=4, r=2 give the parity symbols
+``[[1, 1, 1, 1], [0x5003, 0xCC06, 0x6B6F, 0x7802]]``.  :func:`parity_matrix`
+builds it in closed form: ``V[i, j] = i^j`` (``(k + r) x k`` Vandermonde,
+``0^0 = 1``); ``P = V[k:] @ inverse(V[:k])`` (systematic and MDS: any ``k``
+chunks rebuild the rest); column ``j`` of ``P`` divided by ``P[0, j]``, so
+the first parity is the plain XOR of the data and ``Code(k, 1)`` *is* the
+XOR code.
 
-1. ``V`` is the ``(k + r) x k`` Vandermonde matrix ``V[i, j] = i^j`` over the
-   field, with the points ``i = 0 .. k + r - 1`` and ``0^0 = 1``;
-2. ``P = V[k:] @ inverse(V[:k])`` makes it systematic (``V @ inverse(V[:k])``
-   has the identity on top; any ``k`` of its rows stay invertible, so the code
-   is MDS: any ``k`` surviving chunks rebuild the rest);
-3. column ``j`` of ``P`` is divided by ``P[0, j]``, which makes the first parity
-   all ones.  Scaling data chunk ``j`` by a non-zero constant keeps the code
-   MDS.
+A chunk is any NumPy array (rows of a table or slot); the code sees its bytes
+as 16-bit little-endian symbols (`tf_ecrec.gf16.words`), so a chunk holds an
+even number of bytes and row ``i`` of a parity depends only on row ``i`` of
+each data chunk.  Parity chunks have the data's shape and dtype.
 
-Hence the first parity is the plain XOR of the data, and ``Code(k, 1)`` *is*
-the XOR code: r=1 and r>=2 agree on parity 0.
-
-Byte layout
------------
-A chunk is any NumPy array (typically ``float32`` rows of an embedding table
-or of an optimizer slot).  The code sees its memory as bytes in C order, and
-groups bytes ``(2i, 2i+1)`` into the symbol ``b[2i] | b[2i+1] << 8``
-(a little-endian 16-bit word) whatever the host's byte order.  A chunk must
-therefore hold an even number of bytes; rows of 2-, 4- or 8-byte values always
-do, and since every row is a whole number of symbols, row ``i`` of a parity
-depends only on row ``i`` of each data chunk.  Parity chunks are returned with
-the shape and dtype of the data (their values, as floats, are meaningless).
+Which "config" is which: `tf_ecrec.ECConfig` is the user's choice of ``(k,
+r)`` for a job (a value in the model_fn and on the command line); `Code` is
+the code's coefficient matrix object built from it (what encodes and
+decodes); `tf_ecrec.config.ClusterConfig` is the cluster (TF_CONFIG), not a
+code at all.
 
 Worked example (k=2, r=2, two symbols per chunk)::
 
@@ -79,44 +65,20 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tf_ecrec import gf16
 from tf_ecrec.errors import CodecError, ConfigError, ReconstructionError
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FIELD_BITS",
-    "FIELD_POLYNOMIAL",
-    "MAX_STRIPE_WIDTH",
-    "PYECLIB_EC_TYPE",
-    "PYECLIB_HEADER_BYTES",
-    "SYMBOL_BYTES",
-    "Code",
-    "bitwise_delta",
-    "decode",
-    "decoding_coefficients",
-    "encode",
-    "gf_inv",
-    "gf_mul",
-    "gf_mul_bytes",
-    "mul_tables",
-    "parity_delta",
-    "parity_matrix",
-    "xor_bytes",
+    "MAX_STRIPE_WIDTH", "PYECLIB_EC_TYPE", "PYECLIB_HEADER_BYTES", "Code", "bitwise_delta", "decode",
+    "decoding_coefficients", "encode", "gf_mul_bytes", "parity_delta", "parity_matrix", "xor_bytes",
 ]
-
-FIELD_BITS = 16
-"""Bits per symbol: the code works in GF(2^16)."""
-
-FIELD_POLYNOMIAL = 0x1100B
-"""Primitive polynomial of the field, x^16 + x^12 + x^3 + x + 1 (liberasurecode's)."""
-
-SYMBOL_BYTES = FIELD_BITS // 8
-"""Bytes per symbol; every chunk must hold a multiple of this many bytes."""
 
 MAX_STRIPE_WIDTH = 256
 """Largest ``k + r`` accepted.  The field would allow 65536 chunks per stripe;
@@ -128,184 +90,8 @@ PYECLIB_EC_TYPE = "liberasurecode_rs_vand"
 PYECLIB_HEADER_BYTES = 80
 """Bytes of pyeclib fragment header in front of the payload."""
 
-_ORDER = 1 << FIELD_BITS  # elements in the field
-_GROUP = _ORDER - 1  # elements in its multiplicative group
 
-
-# --- the field ------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(exp, log)``: ``exp[i] = 2^i`` (doubled so sums of logs index it)."""
-    exp = np.zeros(2 * _GROUP, dtype=np.int64)
-    log = np.zeros(_ORDER, dtype=np.int64)
-    x = 1
-    for i in range(_GROUP):
-        exp[i] = x
-        log[x] = i
-        x <<= 1
-        if x & _ORDER:
-            x ^= FIELD_POLYNOMIAL
-    exp[_GROUP:] = exp[:_GROUP]
-    exp.flags.writeable = False
-    log.flags.writeable = False
-    return exp, log
-
-
-def _check_element(value: int, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise CodecError(f"{what} must be an integer field element, got {value!r}")
-    value = int(value)
-    if not 0 <= value < _ORDER:
-        raise CodecError(f"{what} = {value} is outside GF(2^{FIELD_BITS}), which holds 0..{_ORDER - 1}")
-    return value
-
-
-def gf_mul(a: int, b: int) -> int:
-    """Multiply two elements of GF(2^16).
-
-    Args:
-        a: A field element, ``0 <= a < 65536``.
-        b: A field element, ``0 <= b < 65536``.
-
-    Returns:
-        The product ``a * b`` in the field.
-
-    Raises:
-        CodecError: If an argument is not a field element.
-    """
-    a = _check_element(a, "a")
-    b = _check_element(b, "b")
-    if a == 0 or b == 0:
-        return 0
-    exp, log = _tables()
-    return int(exp[log[a] + log[b]])
-
-
-def gf_inv(a: int) -> int:
-    """Return the multiplicative inverse of a non-zero element of GF(2^16).
-
-    Raises:
-        CodecError: If ``a`` is zero or not a field element.
-    """
-    a = _check_element(a, "a")
-    if a == 0:
-        raise CodecError("0 has no inverse in GF(2^16)")
-    exp, log = _tables()
-    return int(exp[(_GROUP - log[a]) % _GROUP])
-
-
-def _mul_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Elementwise product of two broadcastable integer arrays of field elements."""
-    exp, log = _tables()
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    product = exp[log[a] + log[b]]
-    return np.where((a == 0) | (b == 0), 0, product)
-
-
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Matrix product over the field of ``(m, t)`` and ``(t, n)`` element arrays."""
-    out = np.zeros((a.shape[0], b.shape[1]), dtype=np.int64)
-    for t in range(a.shape[1]):
-        out ^= _mul_arrays(a[:, t : t + 1], b[t : t + 1, :])
-    return out
-
-
-def _invert(matrix: np.ndarray) -> np.ndarray:
-    """Invert a square matrix over the field by Gauss-Jordan elimination.
-
-    Raises:
-        CodecError: If the matrix is singular.
-    """
-    n = matrix.shape[0]
-    work = np.concatenate([np.asarray(matrix, dtype=np.int64), np.eye(n, dtype=np.int64)], axis=1)
-    for col in range(n):
-        nonzero = np.nonzero(work[col:, col])[0]
-        if nonzero.size == 0:
-            raise CodecError(f"the {n}x{n} matrix is singular over GF(2^16) (column {col} has no pivot)")
-        pivot = col + int(nonzero[0])
-        if pivot != col:
-            work[[col, pivot]] = work[[pivot, col]]
-        work[col] = _mul_arrays(work[col], gf_inv(int(work[col, col])))
-        factors = work[:, col : col + 1].copy()
-        factors[col] = 0
-        work ^= _mul_arrays(factors, work[col : col + 1, :])
-    return work[:, n:]
-
-
-@functools.lru_cache(maxsize=64)
-def _full_table(coef: int) -> np.ndarray:
-    """``table[w] = coef * w`` for every 16-bit symbol ``w``."""
-    table = _mul_arrays(np.arange(_ORDER, dtype=np.int64), coef).astype("<u2")
-    table.flags.writeable = False
-    return table
-
-
-def mul_tables(coef: int) -> np.ndarray:
-    """Return the two 256-entry tables that multiply a symbol by ``coef``.
-
-    For a symbol ``w = lo | hi << 8``, ``coef * w == t[0, lo] ^ t[1, hi]``
-    (multiplication distributes over XOR).  A kernel that holds these 1 KB
-    per coefficient needs no other field arithmetic.
-
-    Args:
-        coef: A field element.
-
-    Returns:
-        A read-only ``uint16`` array of shape ``(2, 256)``.
-
-    Raises:
-        CodecError: If ``coef`` is not a field element.
-    """
-    coef = _check_element(coef, "coef")
-    low = np.arange(256, dtype=np.int64)
-    tables = np.stack([_mul_arrays(low, coef), _mul_arrays(low << 8, coef)]).astype(np.uint16)
-    tables.flags.writeable = False
-    return tables
-
-
-def _mul_words(coef: int, words: np.ndarray) -> np.ndarray:
-    """Multiply every ``<u2`` symbol by ``coef``; returns a new ``<u2`` array."""
-    if coef == 0:
-        return np.zeros_like(words)
-    if coef == 1:
-        return words.copy()
-    return _full_table(coef)[words]
-
-
-# --- byte views -------------------------------------------------------------------
-
-
-def _words(chunk: np.ndarray, what: str) -> np.ndarray:
-    """View a chunk's bytes (C order) as 1-D little-endian 16-bit symbols."""
-    array = np.ascontiguousarray(chunk)
-    if array.dtype.hasobject:
-        raise CodecError(f"{what} has dtype {array.dtype}, which holds pointers, not values")
-    raw = array.reshape(-1).view(np.uint8)
-    if raw.size % SYMBOL_BYTES:
-        raise CodecError(
-            f"{what} holds {raw.size} bytes (shape {array.shape}, dtype {array.dtype}); the code works "
-            f"on {SYMBOL_BYTES}-byte symbols, so a chunk must hold an even number of bytes"
-        )
-    return raw.view("<u2")
-
-
-def _like(words: np.ndarray, template: np.ndarray) -> np.ndarray:
-    """Reinterpret ``<u2`` symbols as an array with ``template``'s dtype and shape."""
-    return words.view(np.uint8).view(template.dtype).reshape(template.shape)
-
-
-def _check_same(chunks: Sequence[np.ndarray], names: Sequence[str]) -> None:
-    first = chunks[0]
-    for chunk, name in zip(chunks[1:], names[1:]):
-        if chunk.shape != first.shape or chunk.dtype != first.dtype:
-            raise CodecError(
-                f"{name} has shape {chunk.shape} and dtype {chunk.dtype}, but {names[0]} has shape "
-                f"{first.shape} and dtype {first.dtype}; all chunks of a stripe must match"
-            )
-
+# --- byte operations on chunks ---------------------------------------------------------
 
 def xor_bytes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """XOR the raw bytes of two arrays of the same shape and dtype.
@@ -318,8 +104,8 @@ def xor_bytes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """
     a = np.asarray(a)
     b = np.asarray(b)
-    _check_same([a, b], ["a", "b"])
-    return _like(_words(a, "a") ^ _words(b, "b"), a)
+    gf16.check_same([a, b], ["a", "b"])
+    return gf16.like(gf16.words(a, "a") ^ gf16.words(b, "b"), a)
 
 
 def bitwise_delta(old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -344,9 +130,9 @@ def gf_mul_bytes(coef: int, data: np.ndarray) -> np.ndarray:
     Raises:
         CodecError: If ``coef`` is not a field element or the byte count is odd.
     """
-    coef = _check_element(coef, "coef")
+    coef = gf16.check_element(coef, "coef")
     data = np.asarray(data)
-    return _like(_mul_words(coef, _words(data, "data")), data)
+    return gf16.like(gf16.mul_words(coef, gf16.words(data, "data")), data)
 
 
 # --- the code ------------------------------------------------------------------------
@@ -358,10 +144,10 @@ def _parity_matrix(k: int, r: int) -> np.ndarray:
     points = np.arange(n, dtype=np.int64)
     vand = np.ones((n, k), dtype=np.int64)
     for j in range(1, k):
-        vand[:, j] = _mul_arrays(vand[:, j - 1], points)
-    parity = _matmul(vand[k:], _invert(vand[:k]))
-    scale = np.array([gf_inv(int(v)) for v in parity[0]], dtype=np.int64)
-    matrix = _mul_arrays(parity, scale[None, :]).astype(np.uint16)
+        vand[:, j] = gf16.mul_arrays(vand[:, j - 1], points)
+    parity = gf16.matmul(vand[k:], gf16.invert(vand[:k]))
+    scale = np.array([gf16.gf_inv(int(v)) for v in parity[0]], dtype=np.int64)
+    matrix = gf16.mul_arrays(parity, scale[None, :]).astype(np.uint16)
     matrix.flags.writeable = False
     logger.debug("built the (%d, %d) rs_vand parity matrix", k, r)
     return matrix
@@ -448,16 +234,14 @@ class Code:
         return int(self.matrix[parity_index, data_index])
 
     def _check_parity_index(self, parity_index: int) -> None:
-        if not 0 <= parity_index < self.r:
-            raise CodecError(
-                f"parity index {parity_index} is out of range 0..{self.r - 1} for code ({self.k}, {self.r})"
-            )
+        self._check_index("parity", parity_index, self.r)
 
     def _check_data_index(self, data_index: int) -> None:
-        if not 0 <= data_index < self.k:
-            raise CodecError(
-                f"data index {data_index} is out of range 0..{self.k - 1} for code ({self.k}, {self.r})"
-            )
+        self._check_index("data", data_index, self.k)
+
+    def _check_index(self, what: str, index: int, count: int) -> None:
+        if not 0 <= index < count:
+            raise CodecError(f"{what} index {index} is out of range 0..{count - 1} for code ({self.k}, {self.r})")
 
 
 def encode(code: Code, data_chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -477,15 +261,15 @@ def encode(code: Code, data_chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
     if len(data_chunks) != code.k:
         raise CodecError(f"code ({code.k}, {code.r}) encodes {code.k} data chunks, got {len(data_chunks)}")
     arrays = [np.asarray(chunk) for chunk in data_chunks]
-    _check_same(arrays, [f"data chunk {j}" for j in range(code.k)])
-    words = [_words(a, f"data chunk {j}") for j, a in enumerate(arrays)]
+    gf16.check_same(arrays, [f"data chunk {j}" for j in range(code.k)])
+    words = [gf16.words(a, f"data chunk {j}") for j, a in enumerate(arrays)]
     matrix = code.matrix
     parities = []
     for p in range(code.r):
         acc = np.zeros_like(words[0])
         for j in range(code.k):
-            acc ^= _mul_words(int(matrix[p, j]), words[j])
-        parities.append(_like(acc, arrays[0]))
+            acc ^= gf16.mul_words(int(matrix[p, j]), words[j])
+        parities.append(gf16.like(acc, arrays[0]))
     return parities
 
 
@@ -493,9 +277,9 @@ def encode(code: Code, data_chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
 def _recovery_rows(k: int, r: int, survivors: tuple[int, ...]) -> np.ndarray:
     """``(k + r, k)`` rows expressing every chunk as a combination of ``survivors``."""
     generator = Code(k, r).generator.astype(np.int64)
-    inverse = _invert(generator[list(survivors)])
+    inverse = gf16.invert(generator[list(survivors)])
     logger.debug("inverted the decoding matrix of code (%d, %d) for survivors %s", k, r, survivors)
-    return _matmul(generator, inverse)
+    return gf16.matmul(generator, inverse)
 
 
 def decoding_coefficients(code: Code, present: Iterable[int], index: int) -> np.ndarray:
@@ -573,16 +357,16 @@ def decode(code: Code, chunks: Mapping[int, np.ndarray], want: Iterable[int]) ->
         )
     survivors = tuple(present[: code.k])
     arrays = [np.asarray(chunks[i]) for i in survivors]
-    _check_same(arrays, [f"chunk {i}" for i in survivors])
-    words = [_words(a, f"chunk {i}") for i, a in zip(survivors, arrays)]
+    gf16.check_same(arrays, [f"chunk {i}" for i in survivors])
+    words = [gf16.words(a, f"chunk {i}") for i, a in zip(survivors, arrays)]
     rows = _recovery_rows(code.k, code.r, survivors)
     for index in missing:
         acc = np.zeros_like(words[0])
         for s in range(code.k):
             coef = int(rows[index, s])
             if coef:
-                acc ^= _mul_words(coef, words[s])
-        result[index] = _like(acc, arrays[0])
+                acc ^= gf16.mul_words(coef, words[s])
+        result[index] = gf16.like(acc, arrays[0])
     return result
 
 

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import placement, unfolded
+from tf_ecrec import codec, placement, unfolded
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.table_layout import ChunkKind, ChunkSpec, TableSpec
 from tf_ecrec import ops as ec_ops
 
 _LOG = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class EmbeddingCollection:
         self.num_ps = int(num_ps)
         self.dim = int(dim)
         self.table_names = tuple(names)
+        self._table_index = {t: i for i, t in enumerate(names)}
         self.table_rows = tuple(int(r) for _, r in tables)
         self.base = np.concatenate([[0], np.cumsum(self.table_rows)[:-1]]).astype(np.int64)
         self.total_rows = int(sum(self.table_rows))
@@ -137,18 +139,16 @@ class EmbeddingCollection:
                 f"embedding collection {name!r} has {self.total_rows} rows in all, fewer than k = {ec.k} "
                 "chunks of a stripe need; source: tables"
             )
-        self.layout = placement.plan(self.num_ps, ec.k, ec.r, [placement.TableSpec(name, self.total_rows, self.dim)])
+        # The layout and the code, computed once: everything else asks them.
+        self.code = codec.Code(ec.k, ec.r)
+        self.layout = placement.plan(self.num_ps, ec.k, ec.r, [TableSpec(name, self.total_rows, self.dim)])
         self.table_layout = self.layout.table(name)
         self.chunk_rows = int(self.table_layout.chunk_rows)
-        chunks = self.table_layout.data_chunks
-        self.chunk_ps = np.array([c.ps for c in chunks], dtype=np.int32)
-        # Local position of every data chunk within its PS's variable (placement owns the order).
-        self.chunk_local = np.array([self.table_layout.local_index(c) for c in chunks], dtype=np.int64)
-        self.data_chunks_on: dict[int, list[Any]] = {
-            p: list(self.table_layout.chunks_on(p, placement.DATA)) for p in range(self.num_ps)
+        self.data_chunks_on: dict[int, tuple[ChunkSpec, ...]] = {
+            p: self.table_layout.chunks_on(p, ChunkKind.DATA) for p in range(self.num_ps)
         }
-        self.parity_chunks_on: dict[int, list[Any]] = {
-            p: list(self.table_layout.chunks_on(p, placement.PARITY)) for p in range(self.num_ps)
+        self.parity_chunks_on: dict[int, tuple[ChunkSpec, ...]] = {
+            p: self.table_layout.chunks_on(p, ChunkKind.PARITY) for p in range(self.num_ps)
         }
         init = initializer or tf.compat.v1.random_uniform_initializer(-0.05, 0.05)
         self.data: dict[int, tf.Variable] = {}
@@ -173,7 +173,7 @@ class EmbeddingCollection:
     # ---- lookup ---------------------------------------------------------------------------
 
     def logical_rows(self, table: int | str, ids: tf.Tensor) -> tf.Tensor:
-        t = self.table_names.index(table) if isinstance(table, str) else int(table)
+        t = self._table_index[table] if isinstance(table, str) else int(table)
         return tf.cast(ids, tf.int64) + int(self.base[t])
 
     def lookup(self, table: int | str, ids: tf.Tensor) -> tf.Tensor:
@@ -182,7 +182,7 @@ class EmbeddingCollection:
         Ids must lie in [0, rows of the table); an id outside makes the gather
         on the PS fail with InvalidArgument rather than read another table.
         """
-        t = self.table_names.index(table) if isinstance(table, str) else int(table)
+        t = self._table_index[table] if isinstance(table, str) else int(table)
         ids = tf.cast(ids, tf.int64)
         checked = _check_range(ids, tf.constant(self.table_rows[t], tf.int64), f"table {self.table_names[t]}")
         with tf.control_dependencies([checked]):
@@ -201,8 +201,8 @@ class EmbeddingCollection:
         flat = tf.reshape(rows, [-1])
         c = tf.constant(self.chunk_rows, tf.int64)
         chunk = flat // c
-        ps = tf.gather(tf.constant(self.chunk_ps), chunk)
-        local = tf.gather(tf.constant(self.chunk_local), chunk) * c + flat % c
+        ps = tf.gather(tf.constant(self.table_layout.chunk_ps.astype(np.int32)), chunk)
+        local = tf.gather(tf.constant(self.table_layout.chunk_local), chunk) * c + flat % c
         positions = tf.dynamic_partition(tf.range(tf.size(flat)), ps, self.num_ps)
         locals_ = tf.dynamic_partition(local, ps, self.num_ps)
         values = []

@@ -8,11 +8,11 @@ Estimator and session.  This module does that in-process.
 How a trainer (chief or worker) runs under it:
 
 - its TensorFlow server boots as a one-task job of its own
-  (`tf_ecrec.propagation.start_server`), and every session carries the
+  (`tf_ecrec.ps_session.start_server`), and every session carries the
   cluster (the PS tasks and this task) in its ``ConfigProto.cluster_def``
   (ClusterSpec propagation), with state shared between sessions, so a
   session built for a new cluster reaches the moved PS while the surviving
-  PS keep their variables (`tf_ecrec.propagation.session_config`);
+  PS keep their variables (`tf_ecrec.ps_session.session_config`);
 - sessions have an operation timeout: a session re-created for the old
   cluster waits for the dead address forever inside TensorFlow (its device
   scan has no deadline), and the timeout turns that wait into
@@ -49,7 +49,7 @@ fail, after the operation timeout (measured: 20 s from the kill, one
 timeout for the close and one for the creation, before this loop could
 rebuild).  So the loop makes the creation reach the new cluster instead:
 
-- ``GRPC_FAIL_FAST=true`` (`tf_ecrec.propagation.fast_reconnect`): TensorFlow's device scan of a
+- ``GRPC_FAIL_FAST=true`` (`tf_ecrec.ps_session.fast_reconnect`): TensorFlow's device scan of a
   session being created fails at once on a task that is down, instead of
   waiting for it until the timeout; MonitoredSession retries the creation;
 - the migration hook's poller (`tf_ecrec.migration`), on seeing every PS alive at the source's new
@@ -80,7 +80,7 @@ from tf_ecrec.cluster_source import ClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.migration import ClusterSourceMigrationHook
-from tf_ecrec.propagation import live_session_config, session_cluster, session_config
+from tf_ecrec.ps_session import live_session_config, session_cluster, session_config
 
 _LOG = logging.getLogger(__name__)
 

@@ -8,8 +8,15 @@ process sets ``TF_ECREC_TASK`` to its own "type:index"), e.g.
 marker file in ``TF_ECREC_FAILPOINT_DIR`` (default: the temp dir) makes it
 fire once per job, so the restarted process does not die again.
 
-Points, in the order a step reaches them (`ECOptimizer` builds them only when
-the variable is set when the graph is built, so they cost nothing otherwise):
+The environment is read once per graph, when `ECOptimizer.apply_gradients`
+starts building the step (`FailpointPlan.from_environ`); the plan it returns
+is what the step's barriers are built from (`after_apply`, `after_fold`,
+`after_count`), and with nothing armed they add nothing, so failpoints cost
+nothing otherwise.  The C++ op itself reads ``TF_ECREC_FAILPOINT`` and
+``TF_ECREC_TASK`` in the process it runs in, to tell whether it is the task
+named.
+
+Points, in the order a step reaches them:
 
 ``ps_after_apply``
     on a data PS, after its sparse apply wrote data and slots, before any
@@ -30,10 +37,12 @@ the variable is set when the graph is built, so they cost nothing otherwise):
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -44,42 +53,128 @@ _LOG = logging.getLogger(__name__)
 
 ENV = "TF_ECREC_FAILPOINT"
 ENV_DIR = "TF_ECREC_FAILPOINT_DIR"
-POINTS = ("ps_after_apply", "worker_after_apply", "parity_ps_after_fold", "ps_after_count", "worker_before_commit")
-_SPEC = re.compile(r"^(?P<point>[a-z_]+)@(?P<task>(ps|worker|chief):\d+)@step=(?P<step>\d+)$")
-
-
-def armed(environ: Any = None) -> dict[str, Any] | None:
-    """The failpoint the environment names, or None.
-
-    Raises:
-      ConfigError: a malformed value or an unknown point.
-    """
-    text = (environ or os.environ).get(ENV)
-    if not text:
-        return None
-    m = _SPEC.match(text)
-    if not m or m["point"] not in POINTS:
-        raise ConfigError(
-            f"{ENV}={text!r} is malformed; expected POINT@TASK@step=N with POINT one of {POINTS} "
-            f"and TASK like ps:1 or chief:0; source: environment variable {ENV}"
-        )
-    return {"point": m["point"], "task": m["task"], "step": int(m["step"])}
-
-
 ENV_TASK = "TF_ECREC_TASK"
 
 
-def failpoint(point: str, device: str, step: tf.Tensor, after: Sequence[Any]) -> tf.Tensor | None:
+class FailPoint(str, enum.Enum):
+    """The points of a step where a process can be killed (see the module docstring)."""
+
+    PS_AFTER_APPLY = "ps_after_apply"
+    WORKER_AFTER_APPLY = "worker_after_apply"
+    PARITY_PS_AFTER_FOLD = "parity_ps_after_fold"
+    PS_AFTER_COUNT = "ps_after_count"
+    WORKER_BEFORE_COMMIT = "worker_before_commit"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+POINTS = tuple(p.value for p in FailPoint)
+_SPEC = re.compile(r"^(?P<point>[a-z_]+)@(?P<task>(ps|worker|chief):\d+)@step=(?P<step>\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FailpointPlan:
+    """The failpoint armed in the environment: where, on which task, from which global step.
+
+    Attributes:
+      point: the point.
+      task: the task that kills itself, e.g. "ps:1".
+      step: the first global step at which it fires.
+    """
+
+    point: FailPoint
+    task: str
+    step: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> FailpointPlan | None:
+        """The failpoint `ENV` names in `environ` (default: the process's environment), or None.
+
+        Raises:
+          ConfigError: a malformed value or an unknown point.
+        """
+        text = (os.environ if environ is None else environ).get(ENV)
+        if not text:
+            return None
+        m = _SPEC.match(text)
+        if not m or m["point"] not in POINTS:
+            raise ConfigError(
+                f"{ENV}={text!r} is malformed; expected POINT@TASK@step=N with POINT one of {POINTS} "
+                f"and TASK like ps:1 or chief:0; source: environment variable {ENV}"
+            )
+        return cls(FailPoint(m["point"]), m["task"], int(m["step"]))
+
+
+def _failpoint(plan: FailpointPlan | None, point: FailPoint, device: str, step: tf.Tensor,
+               after: Sequence[Any]) -> tf.Tensor | None:
     """A kill switch (`EcRec>Failpoint`) on `device` that runs after `after`; None when `point` is not armed.
 
     Make the next phase of the step depend on the returned tensor.  The op
     is C++ so that it also works in PS processes (a Python py_func runs only
     in the process that built the graph).
     """
-    spec = armed()
-    if spec is None or spec["point"] != point:
+    if plan is None or plan.point != point:
         return None
     from tf_ecrec.ops import load_library
 
     with tf.device(device), tf.control_dependencies(list(after)):
-        return load_library().ec_rec_failpoint(tf.cast(step, tf.int64), point=point, name=f"failpoint_{point}")
+        return load_library().ec_rec_failpoint(tf.cast(step, tf.int64), point=point.value, name=f"failpoint_{point.value}")
+
+
+def after_apply(plan: FailpointPlan | None, applies: Sequence[tuple[str, tf.Tensor]], step: tf.Tensor) -> list[Any]:
+    """What the folds of a step wait for: its applies' deltas and the armed point after them.
+
+    Without an armed failpoint there is no phase barrier (an empty list):
+    each fold waits for its own delta only, and the step runs as
+    concurrently as TF schedules it.
+
+    Args:
+      plan: the armed failpoint, or None.
+      applies: (device, delta) of every apply of the step.
+      step: the global step the step starts at.
+    """
+    if plan is None:
+        return []
+    deps: list[Any] = [delta for _, delta in applies]
+    for device in sorted({d for d, _ in applies}):
+        fp = _failpoint(plan, FailPoint.PS_AFTER_APPLY, device, step, [delta for d, delta in applies if d == device])
+        if fp is not None:
+            deps.append(fp)
+    fp = _failpoint(plan, FailPoint.WORKER_AFTER_APPLY, "", step, [delta.op for _, delta in applies])
+    if fp is not None:
+        deps.append(fp)
+    return deps
+
+
+def after_fold(plan: FailpointPlan | None, folds: list[Any], step: tf.Tensor) -> list[Any]:
+    """What the count of a step waits for: its fold ops and the armed point after them."""
+    deps = list(folds)
+    if plan is None:
+        return deps
+    by_device: dict[str, list[Any]] = {}
+    for f in folds:
+        for op in (f.control_inputs if isinstance(f, tf.Operation) and f.type == "NoOp" else [f]):
+            by_device.setdefault(op.device, []).append(op)
+    for device, ops in sorted(by_device.items()):
+        if "/job:ps" in device:
+            fp = _failpoint(plan, FailPoint.PARITY_PS_AFTER_FOLD, device, step, ops)
+            if fp is not None:
+                deps.append(fp)
+    fp = _failpoint(plan, FailPoint.WORKER_BEFORE_COMMIT, "", step, folds)
+    if fp is not None:
+        deps.append(fp)
+    return deps
+
+
+def after_count(plan: FailpointPlan | None, counted: list[Any], devices: list[str], step: tf.Tensor) -> list[Any]:
+    """What the commit of a step waits for: its count ops and the armed point on its data PS after them."""
+    deps = list(counted)
+    if plan is None:
+        return deps
+    for device in devices:
+        if "/job:ps" in device:
+            fp = _failpoint(plan, FailPoint.PS_AFTER_COUNT, device, step, counted)
+            if fp is not None:
+                deps.append(fp)
+    return deps

@@ -67,7 +67,8 @@ from tf_ecrec.config import ClusterConfig
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, current_context
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.optimizer import ECOptimizer, UpdateRule
+from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.update_rule import UpdateRule
 
 
 def _resolve_code(ec: ECConfig | str | None, num_ps: int | None, what: str) -> tuple[ECConfig, int]:
@@ -244,7 +245,7 @@ class ECKerasOptimizer(tf.compat.v1.train.Optimizer):
     applies gradients.  `ec_optimizer()` returns the one of the current graph.
 
     Args:
-      optimizer: a stock tf.compat.v1.train optimizer (see `tf_ecrec.optimizer.UpdateRule`).
+      optimizer: a stock tf.compat.v1.train optimizer (see `tf_ecrec.update_rule.UpdateRule`).
       ec: the code of the dense replicas and the global step; default: as `ECOptimizer`.
       name: name prefix of the ops.
 

@@ -1,4 +1,5 @@
-"""Where every chunk of every erasure-coded table lives: a pure layout planner.
+"""Where every chunk of every erasure-coded table lives: a pure layout planner (one table's chunks and
+stripes, and the lookups on them, are `tf_ecrec.table_layout`).
 
 :func:`plan` takes the number of parameter-server (PS) tasks ``N``, a code of
 ``k`` data and ``r`` parity chunks per stripe (see :mod:`tf_ecrec.codec`) and
@@ -52,33 +53,26 @@ import functools
 import json
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable, Sequence
-
-import numpy as np
+from typing import Any
 
 from tf_ecrec.codec import MAX_STRIPE_WIDTH
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.table_layout import (
+    ChunkKind,
+    ChunkSpec,
+    RowLocation,
+    StripeSpec,
+    TableLayout,
+    TableSpec,
+    is_int,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DATA",
-    "PARITY",
-    "LAYOUT_FORMAT",
-    "LAYOUT_VERSION",
-    "ChunkSpec",
-    "Layout",
-    "LayoutSummary",
-    "PsBytes",
-    "RowLocation",
-    "RowLocations",
-    "StripeSpec",
-    "TableLayout",
-    "TableSpec",
-    "plan",
-]
+__all__ = ["LAYOUT_FORMAT", "LAYOUT_VERSION", "Layout", "LayoutSummary", "PsBytes", "plan"]
 
 LAYOUT_FORMAT = "tf_ecrec.layout"
 """Value of the ``format`` key of a serialized layout."""
@@ -86,299 +80,6 @@ LAYOUT_FORMAT = "tf_ecrec.layout"
 LAYOUT_VERSION = 1
 """Version of the serialized layout this module writes and reads."""
 
-DATA = "data"
-"""``ChunkSpec.kind`` of a data chunk."""
-
-PARITY = "parity"
-"""``ChunkSpec.kind`` of a parity chunk."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A table to protect.
-
-    Attributes:
-        name: Unique table name.
-        rows: Number of rows (vocabulary size), at least ``k`` of the code.
-        dim: Values per row, at least 1.
-    """
-
-    name: str
-    rows: int
-    dim: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"table name must be a non-empty string, got {self.name!r}")
-        for field in ("rows", "dim"):
-            value = getattr(self, field)
-            if not _is_int(value):
-                raise ConfigError(f"table {self.name!r}: {field} must be an integer, got {value!r}")
-            if value < 1:
-                raise ConfigError(f"table {self.name!r} has {field} = {value}; {field} must be at least 1")
-            object.__setattr__(self, field, int(value))
-
-
-@dataclass(frozen=True)
-class ChunkSpec:
-    """One chunk: a block of ``rows x dim`` values held by one PS.
-
-    Attributes:
-        table: Name of the table.
-        kind: ``"data"`` or ``"parity"``.
-        stripe: Index of the stripe in its table.
-        position: Data position ``0 .. k-1`` or parity index ``0 .. r-1``.
-        index_in_stripe: The codec's chunk index: ``position`` for data,
-            ``k + position`` for parity.
-        chunk: Data chunks are numbered ``stripe * k + position`` in row order;
-            parity chunks ``stripe * r + position``.
-        ps: The PS task index holding the chunk.
-        rows: Rows in the chunk (the table's chunk size, padding included).
-        dim: Values per row.
-        row_start: For data, the table row of local row 0; ``None`` for parity.
-        real_rows: Leading rows that are not padding (for parity: rows that
-            cover at least one real data row).
-    """
-
-    table: str
-    kind: str
-    stripe: int
-    position: int
-    index_in_stripe: int
-    chunk: int
-    ps: int
-    rows: int
-    dim: int
-    row_start: int | None
-    real_rows: int
-
-    @property
-    def is_data(self) -> bool:
-        """True for a data chunk."""
-        return self.kind == DATA
-
-    @property
-    def name(self) -> str:
-        """A stable name, e.g. ``"emb/data_3"`` or ``"emb/parity_1_0"``."""
-        if self.is_data:
-            return f"{self.table}/data_{self.chunk}"
-        return f"{self.table}/parity_{self.stripe}_{self.position}"
-
-    @property
-    def padding_rows(self) -> int:
-        """Rows of the chunk that are padding."""
-        return self.rows - self.real_rows
-
-    def nbytes(self, itemsize: int = 4) -> int:
-        """Bytes of the chunk for values of ``itemsize`` bytes."""
-        return self.rows * self.dim * itemsize
-
-
-@dataclass(frozen=True)
-class StripeSpec:
-    """``k`` data chunks and their ``r`` parity chunks, on ``k + r`` distinct PS.
-
-    Attributes:
-        table: Name of the table.
-        index: Index of the stripe in its table.
-        chunks: The ``k + r`` chunks in codec order (data, then parity).
-    """
-
-    table: str
-    index: int
-    chunks: tuple[ChunkSpec, ...]
-
-    @property
-    def data(self) -> tuple[ChunkSpec, ...]:
-        """The data chunks, position order."""
-        return tuple(c for c in self.chunks if c.is_data)
-
-    @property
-    def parity(self) -> tuple[ChunkSpec, ...]:
-        """The parity chunks, parity-index order."""
-        return tuple(c for c in self.chunks if not c.is_data)
-
-    @property
-    def ps(self) -> tuple[int, ...]:
-        """PS of each chunk, codec order."""
-        return tuple(c.ps for c in self.chunks)
-
-
-@dataclass(frozen=True)
-class RowLocation:
-    """Where one table row lives.
-
-    Attributes:
-        table: Table name.
-        row: Table row id.
-        chunk: Data chunk number in the table.
-        stripe: Stripe index.
-        position: Position of the chunk in its stripe (its codec index).
-        ps: PS task holding the row.
-        offset: Row within the chunk; parity row ``offset`` of the stripe covers it.
-    """
-
-    table: str
-    row: int
-    chunk: int
-    stripe: int
-    position: int
-    ps: int
-    offset: int
-
-
-@dataclass(frozen=True, eq=False)
-class RowLocations:
-    """:class:`RowLocation` for an array of rows, one ``int64`` array per field."""
-
-    table: str
-    row: np.ndarray
-    chunk: np.ndarray
-    stripe: np.ndarray
-    position: np.ndarray
-    ps: np.ndarray
-    offset: np.ndarray
-
-
-@dataclass(frozen=True)
-class TableLayout:
-    """The chunks and stripes of one table.
-
-    Attributes:
-        spec: The table.
-        chunk_rows: Rows per chunk.
-        stripes: The stripes, in row order.
-    """
-
-    spec: TableSpec
-    chunk_rows: int
-    stripes: tuple[StripeSpec, ...]
-
-    @property
-    def name(self) -> str:
-        """Table name."""
-        return self.spec.name
-
-    @property
-    def num_stripes(self) -> int:
-        """Number of stripes."""
-        return len(self.stripes)
-
-    @property
-    def data_chunks(self) -> tuple[ChunkSpec, ...]:
-        """Data chunks in row order (index = chunk number)."""
-        return tuple(c for s in self.stripes for c in s.data)
-
-    @property
-    def parity_chunks(self) -> tuple[ChunkSpec, ...]:
-        """Parity chunks in chunk-number order."""
-        return tuple(c for s in self.stripes for c in s.parity)
-
-    @property
-    def padded_rows(self) -> int:
-        """Rows of all data chunks, padding included."""
-        return len(self.data_chunks) * self.chunk_rows
-
-    @property
-    def padding_rows(self) -> int:
-        """Rows added past the end of the table."""
-        return self.padded_rows - self.spec.rows
-
-    @functools.cached_property
-    def chunk_ps(self) -> np.ndarray:
-        """Read-only ``int64`` array: the PS of each data chunk, by chunk number."""
-        ps = np.array([c.ps for c in self.data_chunks], dtype=np.int64)
-        ps.flags.writeable = False
-        return ps
-
-    @functools.cached_property
-    def _on_ps(self) -> dict[tuple[int, str], tuple[ChunkSpec, ...]]:
-        on: dict[tuple[int, str], list[ChunkSpec]] = {}
-        for c in self.data_chunks + self.parity_chunks:  # chunk-number order within each kind
-            on.setdefault((c.ps, c.kind), []).append(c)
-        return {key: tuple(chunks) for key, chunks in on.items()}
-
-    @functools.cached_property
-    def _local(self) -> dict[ChunkSpec, int]:
-        return {c: i for chunks in self._on_ps.values() for i, c in enumerate(chunks)}
-
-    def chunks_on(self, ps: int, kind: str) -> tuple[ChunkSpec, ...]:
-        """The chunks of ``kind`` (DATA or PARITY) held by ``ps``, in the order its variable of that kind stacks them.
-
-        A PS holds one variable per kind (and per slot) for the table: its
-        chunks of that kind one after another, in chunk-number order (for
-        parity: stripe, then parity index).
-        """
-        return self._on_ps.get((int(ps), kind), ())
-
-    def local_index(self, chunk: ChunkSpec) -> int:
-        """Position of ``chunk`` in :meth:`chunks_on` of its PS and kind."""
-        return self._local[chunk]
-
-    def local_rows(self, chunk: ChunkSpec) -> tuple[int, int]:
-        """Rows ``[start, stop)`` of ``chunk`` in its PS's variable of its kind."""
-        start = self.local_index(chunk) * self.chunk_rows
-        return start, start + self.chunk_rows
-
-    def folds_from(self, ps: int) -> tuple[tuple[int, ChunkSpec, ChunkSpec], ...]:
-        """Where updates of the data ``ps`` holds fold: ``(local data chunk, data chunk, parity chunk)``
-        for every parity chunk protecting each of its data chunks, in local order."""
-        return tuple((i, dc, pc) for i, dc in enumerate(self.chunks_on(ps, DATA)) for pc in self.stripes[dc.stripe].parity)
-
-    def unrecoverable_stripes(self, failed_ps: Iterable[int], r: int) -> tuple[StripeSpec, ...]:
-        """Stripes of this table that lose more than ``r`` chunks if the PS in ``failed_ps`` die."""
-        failed = set(failed_ps)
-        return tuple(s for s in self.stripes if sum(p in failed for p in s.ps) > r)
-
-    def locate(self, row: int) -> RowLocation:
-        """Return where table row ``row`` lives.
-
-        Raises:
-            ConfigError: If ``row`` is not a row of the table.
-        """
-        found = self.locate_many(np.array([row]))
-        return RowLocation(
-            table=self.name,
-            row=int(found.row[0]),
-            chunk=int(found.chunk[0]),
-            stripe=int(found.stripe[0]),
-            position=int(found.position[0]),
-            ps=int(found.ps[0]),
-            offset=int(found.offset[0]),
-        )
-
-    def locate_many(self, rows: np.ndarray | Sequence[int]) -> RowLocations:
-        """Vectorized :meth:`locate` for an array of row ids (any shape).
-
-        Raises:
-            ConfigError: If an id is not an integer row of the table; padding
-                rows are not rows of the table.
-        """
-        ids = np.asarray(rows)
-        if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise ConfigError(f"row ids of table {self.name!r} must be integers, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64)
-        bad = (ids < 0) | (ids >= self.spec.rows)
-        if bad.any():
-            raise ConfigError(
-                f"row id {int(ids[bad].reshape(-1)[0])} is outside table {self.name!r}, whose rows are "
-                f"0..{self.spec.rows - 1}"
-            )
-        k = len(self.stripes[0].data)
-        chunk = ids // self.chunk_rows
-        return RowLocations(
-            table=self.name,
-            row=ids,
-            chunk=chunk,
-            stripe=chunk // k,
-            position=chunk % k,
-            ps=self.chunk_ps[chunk],
-            offset=ids % self.chunk_rows,
-        )
 
 
 @dataclass(frozen=True)
@@ -439,15 +140,18 @@ class Layout:
     r: int
     tables: tuple[TableLayout, ...]
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, TableLayout]:
+        return {t.name: t for t in self.tables}
+
     def table(self, name: str) -> TableLayout:
         """Return the layout of table ``name``.
 
         Raises:
             ConfigError: If there is no such table.
         """
-        for table in self.tables:
-            if table.name == name:
-                return table
+        if name in self._by_name:
+            return self._by_name[name]
         raise ConfigError(f"no table {name!r} in the layout; tables: {[t.name for t in self.tables]}")
 
     def locate(self, table: str, row: int) -> RowLocation:
@@ -577,7 +281,7 @@ class Layout:
 
 def _check_code(num_ps: Any, k: Any, r: Any) -> None:
     for name, value in (("num_ps", num_ps), ("k", k), ("r", r)):
-        if not _is_int(value):
+        if not is_int(value):
             raise ConfigError(f"{name} must be an integer, got {value!r}")
     if num_ps < 1:
         raise ConfigError(f"num_ps = {num_ps}: there must be at least 1 PS task")
@@ -591,9 +295,7 @@ def _check_code(num_ps: Any, k: Any, r: Any) -> None:
             f"are only num_ps = {num_ps} PS tasks; use at least {k + r} PS or a smaller code"
         )
     if k + r > MAX_STRIPE_WIDTH:
-        raise ConfigError(
-            f"code (k={k}, r={r}) has k + r = {k + r} chunks per stripe, more than {MAX_STRIPE_WIDTH}"
-        )
+        raise ConfigError(f"code (k={k}, r={r}) has k + r = {k + r} chunks per stripe, more than {MAX_STRIPE_WIDTH}")
 
 
 def _check_unique(specs: Sequence[TableSpec]) -> None:
@@ -616,7 +318,7 @@ def _build_table(
 ) -> TableLayout:
     """Make a table's chunks from its chunk size and each stripe's PS, checking the rules."""
     n = k + r
-    if not _is_int(chunk_rows) or chunk_rows < 1:
+    if not is_int(chunk_rows) or chunk_rows < 1:
         raise ConfigError(f"table {spec.name!r}: chunk_rows = {chunk_rows!r} must be a positive integer")
     _check_rows(spec, k)
     if len(stripe_ps) < 1 or len(stripe_ps) * k * chunk_rows < spec.rows:
@@ -627,15 +329,10 @@ def _build_table(
     stripes = []
     for s, ps_list in enumerate(stripe_ps):
         ps_list = list(ps_list)
-        if len(ps_list) != n or not all(_is_int(p) and 0 <= p < num_ps for p in ps_list):
-            raise ConfigError(
-                f"table {spec.name!r} stripe {s}: PS list {ps_list} must name k + r = {n} PS "
-                f"in 0..{num_ps - 1}"
-            )
+        if len(ps_list) != n or not all(is_int(p) and 0 <= p < num_ps for p in ps_list):
+            raise ConfigError(f"table {spec.name!r} stripe {s}: PS list {ps_list} must name k + r = {n} PS in 0..{num_ps - 1}")
         if len(set(ps_list)) != n:
-            raise ConfigError(
-                f"table {spec.name!r} stripe {s}: PS list {ps_list} puts two chunks of one stripe on one PS"
-            )
+            raise ConfigError(f"table {spec.name!r} stripe {s}: PS list {ps_list} puts two chunks of one stripe on one PS")
         first_row = s * k * chunk_rows
         stripe_real = min(chunk_rows, max(0, spec.rows - first_row))
         chunks = []
@@ -643,17 +340,13 @@ def _build_table(
             if i < k:
                 row_start = first_row + i * chunk_rows
                 real = min(chunk_rows, max(0, spec.rows - row_start))
-                kind, position, chunk_no = DATA, i, s * k + i
+                kind, position, chunk_no = ChunkKind.DATA, i, s * k + i
             else:
                 row_start, real = None, stripe_real
-                kind, position, chunk_no = PARITY, i - k, s * r + (i - k)
-            chunks.append(
-                ChunkSpec(
-                    table=spec.name, kind=kind, stripe=s, position=position, index_in_stripe=i,
-                    chunk=chunk_no, ps=int(ps), rows=int(chunk_rows), dim=spec.dim,
-                    row_start=row_start, real_rows=real,
-                )
-            )
+                kind, position, chunk_no = ChunkKind.PARITY, i - k, s * r + (i - k)
+            chunks.append(ChunkSpec(table=spec.name, kind=kind, stripe=s, position=position, index_in_stripe=i,
+                                    chunk=chunk_no, ps=int(ps), rows=int(chunk_rows), dim=spec.dim,
+                                    row_start=row_start, real_rows=real))
         stripes.append(StripeSpec(table=spec.name, index=s, chunks=tuple(chunks)))
     return TableLayout(spec=spec, chunk_rows=int(chunk_rows), stripes=tuple(stripes))
 
@@ -699,3 +392,4 @@ def plan(
             spec.name, stripes, code_k, chunk_rows, layouts[-1].padding_rows,
         )
     return Layout(num_ps=int(num_ps), k=int(code_k), r=int(code_r), tables=tuple(layouts))
+

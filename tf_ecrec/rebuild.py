@@ -35,194 +35,41 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, placement, unfolded
+from tf_ecrec import unfolded
+from tf_ecrec.background_rebuild import WANTED_WAIT_MS, BackgroundRebuild
 from tf_ecrec.embedding import EmbeddingCollection, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.rebuild_stripes import CollectionRebuild, RebuildStats
+from tf_ecrec.stripe_encoding import row_words, split_row_words
+from tf_ecrec.table_layout import ChunkKind, ChunkSpec
 
 _LOG = logging.getLogger(__name__)
 
 DEFAULT_SLICE_BYTES = 16 << 20
-WALKERS = 2  # slices of a background rebuild in flight together (benchmarks/rebuild_speed.py compares)
 """Bytes of one chunk's slice read per session call: the bound on what a rebuild holds in flight per chunk."""
-WANTED_WAIT_MS = 200
-"""How long one round of the background rebuild's wanted-rows loop waits for a lookup to ask."""
-
-
-@dataclasses.dataclass
-class RebuildStats:
-    """What a rebuild or re-encode wrote."""
-
-    variables: int = 0
-    bytes: int = 0
-    session_calls: int = 0
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Seconds of each part of a T0 (`Rebuilder.begin_background`), in order."""
 
 
 @dataclasses.dataclass(eq=False)
 class _Group:
     """A table variable group on one PS (a data variable with its slots, or a parity variable)."""
 
-    table: Any  # _CollectionRebuild
+    table: CollectionRebuild
     ps: int
     var: tf.Variable
-    chunks: tuple[placement.ChunkSpec, ...]
+    chunks: tuple[ChunkSpec, ...]
     pending_rows: Any = None
     begin_pending: Any = None
     ranges: Any = None
     preserve: Any = None
 
-
-@dataclasses.dataclass(frozen=True)
-class _Chunk:
-    spec: placement.ChunkSpec
-    variables: tuple[tf.Variable, ...]  # data: the data variable and its slots; parity: the parity variable
-    write: tf.Operation  # combine the stripe's slices into this chunk's rows (on its PS)
-
-
-class _CollectionRebuild:
-    """The rebuild ops of one collection: a read, a combine and a write per chunk of every stripe."""
-
-    def __init__(self, coll: EmbeddingCollection, opt: ECOptimizer, slice_bytes: int,
-                 logs: dict[int, tf.Tensor] | None = None, wait: dict[int, tf.Operation] | None = None) -> None:
-        from tf_ecrec import ops as ec_ops
-
-        self.coll = coll
-        self.layout = coll.table_layout
-        self.code = codec.Code(coll.ec.k, coll.ec.r)
-        self.width = (1 + len(opt.rule.slots)) * coll.dim  # words per row of every chunk
-        self.rows = int(self.layout.chunk_rows)
-        self.slice_rows = max(1, min(self.rows, slice_bytes // (4 * self.width)))
-        n = self.code.n
-        stripes = self.layout.num_stripes
-        with tf.name_scope(f"ec_rebuild/{coll.name}"):
-            self.lo = tf.compat.v1.placeholder(tf.int64, [], name="lo")
-            self.read = tf.compat.v1.placeholder_with_default(tf.zeros([stripes, n], tf.bool), [stripes, n], name="read")
-            self.coefs = tf.compat.v1.placeholder_with_default(
-                tf.zeros([stripes, n, n], tf.int32), [stripes, n, n], name="coefs"
-            )
-            count = tf.maximum(tf.minimum(tf.constant(self.slice_rows, tf.int64), self.rows - self.lo), 0)
-            parity_vars = opt.parity[coll.name]
-            self.chunks: dict[tuple[int, int], _Chunk] = {}
-            # Background rebuild (BackgroundRebuild): per chunk, an install of a slice and one of the wanted rows.
-            self.bg_lo = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="bg_lo")
-            self.installs: dict[tuple[int, int], tuple[tf.Tensor, tf.Tensor]] = {}  # (stripe, i) -> (slice, wanted)
-            self._wait = wait or {}
-            for stripe in self.layout.stripes:
-                s = stripe.index
-                slices = []
-                starts = {}
-                for ch in stripe.chunks:
-                    if ch.is_data:
-                        var = coll.data[ch.ps]
-                        variables = (var, *opt.slots_of(var))
-                    else:
-                        variables = (parity_vars[ch.ps],)
-                    start = self.layout.local_rows(ch)[0] + self.lo
-                    starts[ch.index_in_stripe] = (variables, start)
-                    with tf.compat.v1.device(variables[0].device):
-                        slices.append(
-                            ec_ops.read_row_words(
-                                list(variables), start, tf.where(self.read[s, ch.index_in_stripe], count, tf.constant(0, tf.int64)),
-                                name=f"read_s{s}_c{ch.index_in_stripe}",
-                            )
-                        )
-                for ch in stripe.chunks:
-                    i = ch.index_in_stripe
-                    variables, start = starts[i]
-                    with tf.compat.v1.device(variables[0].device):
-                        words = ec_ops.combine_rows(self.coefs[s, i], slices, name=f"combine_s{s}_c{i}")
-                        write = ec_ops.write_row_words(list(variables), start, words, name=f"write_s{s}_c{i}")
-                    self.chunks[(s, i)] = _Chunk(ch, variables, write)
-                if logs is not None:
-                    self._background_ops(stripe, starts, logs)
-
-    def _background_ops(self, stripe: Any, starts: dict[int, tuple[tuple[tf.Variable, ...], tf.Tensor]],
-                        logs: dict[int, tf.Tensor]) -> None:
-        """For each chunk of `stripe`: its rows decoded from the others' preserved (T0) words and installed.
-
-        Two variants per chunk, both writing only rows still pending on its PS
-        (so they may race): one for the slice of offsets from ``bg_lo``, one
-        for the offsets that waiting lookups ask for.
-        """
-        from tf_ecrec import ops as ec_ops
-
-        s = stripe.index
-        for ch in stripe.chunks:
-            i = ch.index_in_stripe
-            variables, _ = starts[i]
-            first = self.layout.local_rows(ch)[0]
-            log_i = logs[ch.ps]
-            outs = []
-            for kind in ("slice", "wanted"):
-                with tf.compat.v1.device(variables[0].device):
-                    if kind == "slice":
-                        hi = tf.minimum(self.bg_lo + self.slice_rows, self.rows)
-                        off = tf.range(self.bg_lo, tf.maximum(hi, self.bg_lo), dtype=tf.int64)
-                    else:
-                        deps = [self._wait[ch.ps]] if ch.ps in self._wait else []
-                        with tf.control_dependencies(deps):
-                            off = ec_ops.wanted_rows(log_i, variables[0], first, first + self.rows) - first
-                parts = []
-                for other in stripe.chunks:
-                    j = other.index_in_stripe
-                    vars_j, _ = starts[j]
-                    first_j = self.layout.local_rows(other)[0]
-                    with tf.compat.v1.device(vars_j[0].device):
-                        if j == i:  # the target itself: coefficient 0
-                            parts.append(tf.zeros([0, 0], tf.int32))
-                            continue
-                        take = tf.where(self.read[s, j], tf.size(off), 0)
-                        parts.append(self._t0_words(list(vars_j), logs[other.ps], off[:take] + first_j,
-                                                    name=f"bg_read_{kind}_s{s}_c{i}_from{j}"))
-                with tf.compat.v1.device(variables[0].device):
-                    words = ec_ops.combine_rows(self.coefs[s, i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
-                    outs.append(
-                        ec_ops.install_row_words(list(variables), log_i, off + first, words, add=not ch.is_data,
-                                                 name=f"bg_install_{kind}_s{s}_c{i}")
-                    )
-            self.installs[(s, i)] = (outs[0], outs[1])
-
-    @staticmethod
-    def _t0_words(variables: list[tf.Variable], log: tf.Tensor, rows: tf.Tensor, name: str) -> tf.Tensor:
-        """The words `rows` of a survivor's chunk held at T0 (preserved since; current if never written)."""
-        from tf_ecrec import ops as ec_ops
-
-        return ec_ops.read_preserved_row_words(variables, log, rows, name=name)
-
-    def feeds(self, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]]) -> dict[Any, np.ndarray]:
-        """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`."""
-        n = self.code.n
-        read = np.zeros([self.layout.num_stripes, n], bool)
-        coefs = np.zeros([self.layout.num_stripes, n, n], np.int32)
-        for ch in targets:
-            s, i = ch.stripe, ch.index_in_stripe
-            coef = codec.decoding_coefficients(self.code, present[s], i)
-            coefs[s, i] = coef
-            read[s] |= coef != 0
-        return {self.read: read, self.coefs: coefs}
-
-    def run(self, sess: tf.compat.v1.Session, targets: Sequence[placement.ChunkSpec], present: dict[int, set[int]],
-            options: Any, stats: RebuildStats) -> None:
-        """Writes every chunk of `targets` from the chunks `present` (per stripe), slice by slice."""
-        if not targets:
-            return
-        feeds = self.feeds(targets, present)
-        writes = [self.chunks[(ch.stripe, ch.index_in_stripe)].write for ch in targets]
-        for lo in range(0, self.rows, self.slice_rows):
-            sess.run(writes, {self.lo: lo, **feeds}, options=options)
-            stats.session_calls += 1
-        stats.bytes += len(targets) * self.rows * self.width * 4
-        stats.variables += len({v.op.name for ch in targets for v in self.chunks[(ch.stripe, ch.index_in_stripe)].variables})
 
 
 class Rebuilder:
@@ -234,7 +81,7 @@ class Rebuilder:
       slice_bytes: bytes of each chunk slice per session call (> 0).
     """
 
-    collection_rebuild = _CollectionRebuild
+    collection_rebuild = CollectionRebuild
     """The ops of one collection's rebuild (the fault-schedule harness swaps in a broken variant to show
     that its oracle catches a rebuild that decodes from survivors' current words instead of their T0 words)."""
 
@@ -276,9 +123,9 @@ class Rebuilder:
         for table in self._tables:
             coll = table.coll
             for p, var in sorted(coll.data.items()):
-                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, placement.DATA))))
+                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, ChunkKind.DATA))))
             for p, var in sorted(self._opt.parity[coll.name].items()):
-                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, placement.PARITY))))
+                groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, ChunkKind.PARITY))))
         for g in groups:
             log = logs[g.ps]
             with tf.compat.v1.device(log.device):
@@ -317,19 +164,11 @@ class Rebuilder:
             rows = primary.shape.as_list()[0]
             for rep in reps:
                 with tf.compat.v1.device(rep.device):
-                    words = tf.concat(
-                        [tf.reshape(tf.bitcast(v.read_value(), tf.int32), [rows, -1]) for v in group], axis=1
-                    )
+                    words = row_words([v.read_value() for v in group], rows)
                     copies[(rep.op.name, name)] = rep.assign(words, read_value=False)
                 with tf.compat.v1.device(primary.device):
-                    bits = rep.read_value()
-                    ops = []
-                    col = 0
-                    for v in group:
-                        per_row = int(np.prod(v.shape.as_list()[1:], dtype=np.int64)) * v.dtype.base_dtype.size // 4
-                        part = tf.reshape(bits[:, col : col + per_row], [rows] + v.shape.as_list()[1:] + ([2] if v.dtype.base_dtype.size == 8 else []))
-                        ops.append(v.assign(tf.bitcast(part, v.dtype.base_dtype), read_value=False))
-                        col += per_row
+                    values = split_row_words(rep.read_value(), group)
+                    ops = [v.assign(value, read_value=False) for v, value in zip(group, values)]
                     copies[(name, rep.op.name)] = tf.group(*ops)
         return copies
 
@@ -410,7 +249,7 @@ class Rebuilder:
         return BackgroundRebuild(self, lost)
 
     @staticmethod
-    def _local_range(g: _Group, ch: placement.ChunkSpec) -> tuple[int, int]:
+    def _local_range(g: _Group, ch: ChunkSpec) -> tuple[int, int]:
         first = int(g.table.layout.local_rows(ch)[0])
         return first, first + g.table.rows
 
@@ -474,186 +313,3 @@ class Rebuilder:
                 stats.bytes += sum(int(np.prod(v.shape.as_list(), dtype=np.int64)) * v.dtype.base_dtype.size for v in written)
         return ops, written_names
 
-
-class BackgroundRebuild:
-    """The rebuild of lost PS tasks that runs while training goes on; `Rebuilder.begin_background` makes one.
-
-    By the time it exists, the lost variables are allocated (zeros), their
-    rows pending on their PS, dense copies done, and every survivor preserves
-    the T0 words of the rows the rebuild decodes from (see
-    ops/cc/kernels/recovery_view.h and docs/rebuild.md).  Two loops then
-    install every pending row, each writing only rows still pending, so they
-    may race: `install_wanted` decodes the rows waiting lookups ask for
-    (blocking up to `WANTED_WAIT_MS` for one to ask), `install_next_slice`
-    walks the lost chunks slice by slice.  When the walk is done every row
-    is installed; `finish` then ends the survivors' preservation.
-
-    `start` runs both loops on threads (the chief's); the fault-schedule
-    harness calls the steps itself, interleaved with trainers' ops.
-    """
-
-    def __init__(self, rebuilder: Rebuilder, lost: Sequence[int]) -> None:
-        self.lost = sorted(int(p) for p in lost)
-        self._rebuilder = rebuilder
-        lost_set = set(self.lost)
-        self._slices: list[tuple[list[Any], dict[Any, Any]]] = []
-        self._wanted: list[Any] = []
-        self._wanted_feeds: dict[Any, Any] = {}
-        self._row_bytes: dict[Any, int] = {}
-        for table in rebuilder._tables:
-            targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
-            if not targets:
-                continue
-            present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost_set} for st in table.layout.stripes}
-            feeds = table.feeds(targets, present)
-            slice_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][0] for ch in targets]
-            wanted_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][1] for ch in targets if ch.is_data]
-            for t in slice_fetch + wanted_fetch:
-                self._row_bytes[t] = table.width * 4
-            for lo in range(0, table.rows, table.slice_rows):
-                self._slices.append((slice_fetch, {**feeds, table.bg_lo: lo}))
-            self._wanted.extend(wanted_fetch)
-            self._wanted_feeds.update(feeds)
-        self._next = 0
-        self._lock = threading.Lock()
-        self.stats = RebuildStats()
-        self.rows_installed = 0
-        self.rows_installed_on_demand = 0
-        self.started = time.time()
-        self.seconds: float | None = None
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._finished = threading.Event()
-
-    # ---- steps ---------------------------------------------------------------------------
-
-    @property
-    def walked(self) -> bool:
-        """Whether every slice was installed (then no row is pending)."""
-        with self._lock:
-            return self._next >= len(self._slices)
-
-    @property
-    def finished(self) -> bool:
-        return self._finished.is_set()
-
-    def install_wanted(self, sess: tf.compat.v1.Session, wait_ms: int | None = None) -> int:
-        """One round of the wanted rows: waits up to `wait_ms` for a lookup to ask, installs what is asked."""
-        if not self._wanted:
-            return 0
-        feeds = dict(self._wanted_feeds)
-        if wait_ms is not None:
-            feeds[self._rebuilder.wait_ms] = int(wait_ms)
-        counts = sess.run(self._wanted, feeds)
-        rows = 0
-        with self._lock:
-            for fetch, n in zip(self._wanted, counts):
-                self.rows_installed += int(n)
-                self.rows_installed_on_demand += int(n)
-                self.stats.bytes += int(n) * self._row_bytes[fetch]
-                rows += int(n)
-            self.stats.session_calls += 1
-        return rows
-
-    def install_next_slice(self, sess: tf.compat.v1.Session) -> bool:
-        """Installs the next slice of every lost chunk of one table; False once the walk is done."""
-        with self._lock:
-            if self._next >= len(self._slices):
-                return False
-            fetch, feeds = self._slices[self._next]
-            self._next += 1
-        counts = sess.run(fetch, feeds)
-        with self._lock:
-            for t, n in zip(fetch, counts):
-                self.rows_installed += int(n)
-                self.stats.bytes += int(n) * self._row_bytes[t]
-            self.stats.session_calls += 1
-        return True
-
-    def finish(self, sess: tf.compat.v1.Session) -> None:
-        """After the walk: checks that nothing is pending on the lost PS, ends the survivors' preservation."""
-        pending = self._rebuilder.view_stats(sess, self.lost)
-        left = {p: int(v[0]) for p, v in pending.items() if int(v[0]) != 0}
-        if left:
-            raise RuntimeError(f"the background rebuild walked every slice but rows are still pending: {left}")
-        survivors = [p for p in sorted(self._rebuilder._opt.logs) if p not in self.lost]
-        self._rebuilder.end_preserve(sess, survivors)
-        self.seconds = time.time() - self.started
-        self._finished.set()
-
-    # ---- threads ---------------------------------------------------------------------------
-
-    def start(self, sess: tf.compat.v1.Session, on_done: Any = None, walkers: int | None = None,
-              share: float = 1.0) -> None:
-        """Runs the loops on threads: the wanted rows', and `walkers` (default `WALKERS`) walking the slices
-        (slices in flight together overlap one's transfer with another's decoding); `on_done(self)` after
-        `finish`, from the last walking thread.
-
-        With `share` < 1 each walker pauses after a slice for ``(1 - share) / share`` times as long as the
-        slice took, so the walk holds the PS tasks for about `share` of the time and training has the rest;
-        the wanted rows' loop never pauses (a lookup waiting for a row is training waiting).
-        """
-        walkers = WALKERS if walkers is None else int(walkers)
-        pause = (1.0 - share) / share
-
-        def wanted() -> None:
-            while not self._stop.is_set() and not self.walked:
-                try:
-                    self.install_wanted(sess)
-                except (tf.errors.OpError, RuntimeError) as exc:
-                    self._failed(exc)
-                    return
-
-        walking = [walkers]
-
-        def walk() -> None:
-            try:
-                while not self._stop.is_set():
-                    began = time.perf_counter()
-                    if not self.install_next_slice(sess):
-                        break
-                    if pause > 0:
-                        self._stop.wait(pause * (time.perf_counter() - began))
-                with self._lock:
-                    walking[0] -= 1
-                    last = walking[0] == 0
-                if self._stop.is_set() or not last:
-                    return
-                self.finish(sess)
-            except (tf.errors.OpError, RuntimeError) as exc:
-                self._failed(exc)
-                return
-            _LOG.warning(
-                "background rebuild of PS %s done: %d rows (%d asked for by lookups first), %.1f MB in %.2f s",
-                self.lost, self.rows_installed, self.rows_installed_on_demand, self.stats.bytes / 1e6, self.seconds,
-            )
-            if on_done is not None:
-                on_done(self)
-
-        self._threads = [threading.Thread(target=wanted, name="ec-rebuild-wanted", daemon=True)] + [
-            threading.Thread(target=walk, name=f"ec-rebuild-walk-{i}", daemon=True) for i in range(walkers)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _failed(self, exc: BaseException) -> None:
-        if self._stop.is_set():
-            return
-        self.error = exc
-        self._stop.set()
-        message = getattr(exc, "message", str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
-        _LOG.warning("background rebuild of PS %s stopped (the next session re-creation resumes it): %s", self.lost, message)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Waits until the rebuild finished or stopped; whether it finished."""
-        deadline = None if timeout is None else time.time() + timeout
-        for t in self._threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.time()))
-        return self.finished
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stops the loops (a new session takes over); rows already installed stay installed."""
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout)

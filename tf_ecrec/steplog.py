@@ -70,6 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
 
@@ -89,18 +90,6 @@ def new_step_id(generation: int = 0) -> tf.Tensor:
     )
     sid.set_shape([])
     return sid
-
-
-@dataclasses.dataclass
-class Target:
-    """A logged variable group: the variables one log entry's delta covers, in order."""
-
-    tid: int
-    ps: int
-    variables: list[tf.Variable]
-    kind: str  # "data" (var + slots), "parity", "replica", "counter"
-    source: int = -1  # the data target a parity/replica folds from
-    ordered: bool = True
 
 
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
@@ -163,12 +152,12 @@ class Reconciler:
                 log = logs[t.ps]
                 with tf.device(log.device):
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq, tid, ordered=t.ordered)
-                    if t.kind in ("parity", "replica"):
+                    if t.kind in (TargetKind.PARITY, TargetKind.REPLICA):
                         self._fold[tid] = ec_ops.parity_update(
                             t.variables[0], self._rows, self._delta, coef=self._coef, log=log, sid=self._sid,
                             target=tid, source=self._source, source_seq=self._source_seq, bypass_fence=True, dedupe=True,
                         )
-                    if t.kind == "counter":
+                    if t.kind == TargetKind.COUNTER:
                         var = t.variables[0]
                         self._add[tid] = ec_ops.assign_add_logged(
                             var, tf.constant(1, var.dtype.base_dtype), log, self._sid, tid, source=t.source,
@@ -251,7 +240,7 @@ class Reconciler:
         # lost (its folds and count are then complete).  With a data PS lost, a step round-1 committed
         # only on some PS tasks is not done: B rolls its lost part back, and C undoes the rest whole
         # (round 1 leaves its applies in the logs until round 2 for that).
-        lost_sources = {tid for tid, t in self.targets.items() if t.kind == "data" and t.ps in lost}
+        lost_sources = {tid for tid, t in self.targets.items() if t.kind == TargetKind.DATA and t.ps in lost}
         done = {
             sid for sid in pending
             if sid in round2 or (not lost_sources and any(s.is_data_committed(sid) for s in snaps.values()))
@@ -356,7 +345,7 @@ class Reconciler:
         # it was undone but another step counted after it (the global step then runs one ahead of the
         # whole steps; every variable still holds whole updates only, and the copies agree).
         for tid, t in sorted(self.targets.items()):
-            if t.kind == "counter" and t.ps in alive:
+            if t.kind == TargetKind.COUNTER and t.ps in alive:
                 sess.run(self._add[tid], {self._sid: sid})
         return all_undone
 

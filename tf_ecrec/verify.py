@@ -1,7 +1,7 @@
 """Check, from the live PS tasks, that every parity and replica equals the code of what it protects.
 
 This is invariant 1 made observable: read data, slots, parity and replicas
-(`tf_ecrec.inspect`), re-encode every stripe with `tf_ecrec.codec`, compare
+(`tf_ecrec.live_cluster`), re-encode every stripe with `tf_ecrec.codec`, compare
 bit for bit.  Run it when no step is in flight (after training, or with the
 job paused): a step in flight has applied its data update and not yet its
 parity update, which is not a mismatch but looks like one.
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec import codec, inspect, placement
-from tf_ecrec.inspect import ArrayReader
+from tf_ecrec import codec, live_cluster, placement
+from tf_ecrec.live_cluster import ArrayReader
+from tf_ecrec.stripe_encoding import np_row_words
 
 _LOG = logging.getLogger(__name__)
 
@@ -33,9 +34,9 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
 
     Args:
       ec_meta: the protection's description (`ECOptimizer.describe`, the manifest's ``"ec"``).
-      source: the variables: a mapping of name to array, or a `tf_ecrec.inspect.PsReader`
+      source: the variables: a mapping of name to array, or a `tf_ecrec.live_cluster.PsReader`
         on the live PS tasks.
-      budget: bytes read per call (default `tf_ecrec.inspect.READ_BYTES`): stripes are
+      budget: bytes read per call (default `tf_ecrec.live_cluster.READ_BYTES`): stripes are
         checked a bounded group of rows at a time, so a model of many GB is verified in
         a few hundred MB.
 
@@ -44,7 +45,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
        "replica_mismatches", "mismatched": [first few descriptions]}.
     """
     reader = ArrayReader(source) if isinstance(source, Mapping) else source
-    budget = budget or inspect.READ_BYTES
+    budget = budget or live_cluster.READ_BYTES
     k, r = ec_meta["code"]
     code = codec.Code(k, r)
     stripes = rows_checked = mismatches = 0
@@ -53,6 +54,7 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         layout = placement.Layout.from_json(coll["layout"]).table(coll["name"])
         c = layout.chunk_rows
         names = {int(p): [name, *coll["slots"][p]] for p, name in coll["data"].items()}
+        data_ps = {name: int(p) for p, name in coll["data"].items()}  # data variable -> its PS
         row_bytes = sum(int(np.prod(reader.shape(n)[1:])) * reader.dtype(n).itemsize for n in next(iter(names.values())))
         # Units of work: (stripe, first row, end row) within its chunks, grouped under the budget.
         span = max(1, budget // max(1, row_bytes * (k + r)))
@@ -80,14 +82,13 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
             requests = []
             for var, held in rows.items():
                 idx = np.concatenate(held)
-                requests += [(n, idx) for n in (names[_ps_of(coll, var)] if var in coll["data"].values() else [var])]
+                requests += [(n, idx) for n in (names[data_ps[var]] if var in data_ps else [var])]
             values = dict(zip([n for n, _ in requests], reader.read(requests)))
             for u, (stripe, lo, hi) in enumerate(group):
                 data = []
                 for dc in stripe.data:
                     var, off, n = where[(u, dc.index_in_stripe)]
-                    parts = [values[name][off : off + n].reshape(n, -1) for name in names[dc.ps]]
-                    data.append(np.ascontiguousarray(np.concatenate(parts, axis=1)).view(np.int32))
+                    data.append(np_row_words([values[name][off : off + n] for name in names[dc.ps]], n))
                 expected = codec.encode(code, data)
                 for pc in stripe.parity:
                     var, off, n = where[(u, pc.index_in_stripe)]
@@ -112,10 +113,10 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         else:
             row_bytes = sum(int(np.prod(reader.shape(n)[1:])) * reader.dtype(n).itemsize for n in [name, *slots])
             bad = []
-            for lo, hi in inspect.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
+            for lo, hi in live_cluster.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
                 idx = np.arange(lo, hi)
                 got = reader.read([(n, idx) for n in [name, *slots, *reps]])
-                expected = np.concatenate([v.reshape(hi - lo, -1) for v in got[: 1 + len(slots)]], axis=1).view(np.int32)
+                expected = np_row_words(got[: 1 + len(slots)], hi - lo)
                 bad += [rep for rep, copy in zip(reps, got[1 + len(slots) :]) if not np.array_equal(copy, expected)]
         replicas += len(reps)
         for rep in dict.fromkeys(bad):
@@ -131,6 +132,3 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
         "mismatched": mismatched,
     }
 
-
-def _ps_of(coll: Mapping[str, Any], var: str) -> int:
-    return next(int(p) for p, name in coll["data"].items() if name == var)

@@ -50,7 +50,10 @@ from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import WHOLE_MARKERS, RecoveryPlan
+from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.recovery_graph import WHOLE_MARKERS
+from tf_ecrec.recovery_scaffold import raising_ready_op
+from tf_ecrec.step_program import TargetKind
 from tf_ecrec.steplog import GENERATION_SHIFT
 from tf_ecrec.verify import check_parity
 
@@ -114,7 +117,7 @@ class Rig:
             self.plan.run_threads = False  # the harness drives a background rebuild's steps itself
             if rebuilder_cls is not None:  # a deliberately broken rebuild, to test the oracle
                 self.plan.rebuilder = rebuilder_cls(self.opt, self.plan._colls, slice_bytes=SLICE_BYTES)
-            self.ready = self.plan.raising_ready_op()  # what the workers' sessions wait on
+            self.ready = raising_ready_op(self.plan)  # what the workers' sessions wait on
             if reconciler_cls is not None:  # a deliberately broken protocol, to test the oracle
                 self.plan.reconciler = reconciler_cls(
                     self.opt.targets, self.opt.logs, self.opt.expected_folds, commit_timeout_ms=0
@@ -132,7 +135,7 @@ class Rig:
                     ops.append(tf.raw_ops.DestroyResourceOp(resource=self.opt.logs[p], ignore_lookup_error=True))
                 self.destroy[p] = tf.group(*ops)
             # Words of every apply target (var + slots), the rows the oracle follows.
-            self.data_targets = {tid: t for tid, t in self.opt.targets.items() if t.kind == "data"}
+            self.data_targets = {tid: t for tid, t in self.opt.targets.items() if t.kind == TargetKind.DATA}
             self.words = {
                 tid: tf.concat([tf.reshape(v.read_value(), [int(v.shape[0]), -1]) for v in t.variables], axis=1)
                 for tid, t in self.data_targets.items()

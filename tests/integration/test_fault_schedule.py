@@ -29,7 +29,7 @@ from harness import fault_schedule  # noqa: E402
 from integration.tf_cluster import tf_cluster  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_ecrec import rebuild, steplog  # noqa: E402
+from tf_ecrec import rebuild, rebuild_stripes, steplog  # noqa: E402
 
 cluster = tf_cluster(num_ps=4)
 
@@ -94,7 +94,7 @@ def test_the_oracle_catches_a_broken_protocol(cluster, broken):
     assert stats.violations, "the harness found nothing wrong with a protocol that corrupts"
 
 
-class _DecodeFromCurrentWords(rebuild._CollectionRebuild):
+class _DecodeFromCurrentWords(rebuild_stripes.CollectionRebuild):
     """A rebuild that ignores the survivors' preservation: it decodes from their words as they are now, which
     includes the updates of steps whose folds have not reached parity yet."""
 

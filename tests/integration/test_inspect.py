@@ -1,4 +1,4 @@
-"""Reading a job's variables from its PS tasks (`tf_ecrec.inspect.read_variables`), on an in-process cluster."""
+"""Reading a job's variables from its PS tasks (`tf_ecrec.live_cluster.read_variables`), on an in-process cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from integration.tf_cluster import tf_cluster  # noqa: E402
-from tf_ecrec import inspect  # noqa: E402
+from tf_ecrec import live_cluster  # noqa: E402
 
 cluster = tf_cluster(num_ps=2, chief=True)
 
@@ -40,8 +40,8 @@ def test_variables_larger_than_one_read_come_back_whole_in_row_slices(cluster, m
                             "shape": list(value.shape)})
     with tf.compat.v1.Session(cluster.target("chief"), graph=graph) as sess:
         sess.run(inits)
-    monkeypatch.setattr(inspect, "READ_BYTES", 1024)
-    got = inspect.read_variables(records, cluster.ps_addresses, timeout_secs=30)
+    monkeypatch.setattr(live_cluster, "READ_BYTES", 1024)
+    got = live_cluster.read_variables(records, cluster.ps_addresses, timeout_secs=30)
     assert sorted(got) == sorted(values)
     for name, value in values.items():
         np.testing.assert_array_equal(got[name], value)

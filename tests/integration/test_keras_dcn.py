@@ -5,7 +5,7 @@ is shared by the module and reset before each test.  Each training test
 builds the Estimator as a user would, from a RunConfig made under the
 chief's TF_CONFIG (so its master is the chief's server), trains on synthetic
 Criteo batches, then reads every variable back from the PS tasks through the
-manifest (`tf_ecrec.inspect`) and checks every stripe and replica bit for bit
+manifest (`tf_ecrec.live_cluster`) and checks every stripe and replica bit for bit
 (`tf_ecrec.verify`).  The layer's and the example's errors are checked on
 graphs alone.
 """
@@ -31,7 +31,7 @@ from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
-from tf_ecrec.inspect import read_manifest, read_variables, variables_digest
+from tf_ecrec.live_cluster import read_manifest, read_variables, variables_digest
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
 from tf_ecrec.model_fn import ec_model_fn
 from tf_ecrec.verify import check_parity, redundancy_names
@@ -177,7 +177,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert runs.records == [BATCH] * 6  # with_data_accounting counted every batch
 
     # The same checks from outside the job, in bounded slices from the live PS tasks: `tf-ecrec verify`
-    # and the launcher's end-of-job digest (`python -m tf_ecrec.inspect`), a small budget splitting stripes.
+    # and the launcher's end-of-job digest (`python -m tf_ecrec.live_cluster`), a small budget splitting stripes.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     ps = ",".join(cluster.ps_addresses)
     verify = subprocess.run(
@@ -187,7 +187,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert json.loads(verify.stdout) == result
     digest = subprocess.run(
-        [sys.executable, "-c", "import sys, tf_ecrec.inspect as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
+        [sys.executable, "-c", "import sys, tf_ecrec.live_cluster as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
          str(tmp_path / "variables.json"), ps],
         capture_output=True, text=True, env=env, timeout=120,
     )

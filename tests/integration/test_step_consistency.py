@@ -19,7 +19,9 @@ import tf_ecrec
 from tensorflow.python.training.saving import saveable_object
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import ECSaver, LongDeadlineSaver, RecoveryPlan
+from tf_ecrec.deadline_session import LongDeadlineSaver
+from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.recovery_scaffold import ECSaver
 from tf_ecrec.verify import check_parity
 
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
@@ -145,9 +147,9 @@ def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for
 def test_a_fresh_start_initialises_in_bounded_batches_and_encodes_parity_from_the_data(cluster, tmp_path, monkeypatch):  # noqa: F811
     """No session call initialises more than INIT_BATCH_BYTES (plus one variable); parity and replicas come
     from the sliced re-encode, bit-exact, and padding rows are exact zeros."""
-    import tf_ecrec.recovery as recovery
+    import tf_ecrec.recovery_graph as recovery_graph
 
-    monkeypatch.setattr(recovery, "INIT_BATCH_BYTES", 2048)
+    monkeypatch.setattr(recovery_graph, "INIT_BATCH_BYTES", 2048)
     graph, ids, train, opt, _, init, variables = _build(cluster)
     with graph.as_default():
         plan = RecoveryPlan(opt, model_dir=str(tmp_path), background=False)

@@ -21,7 +21,7 @@ from tf_ecrec.failover import FailoverLoop, State
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.server import start_master
 from tf_ecrec.migration import ClusterSourceMigrationHook
-from tf_ecrec.propagation import session_config
+from tf_ecrec.ps_session import session_config
 
 PS = ["127.0.0.1:3000", "127.0.0.1:3001", "127.0.0.1:3002"]
 
@@ -208,7 +208,7 @@ def test_a_retarget_that_fails_stops_the_session_instead():
 def test_a_real_estimator_creates_its_sessions_from_the_config_the_loop_retargets(tmp_path):
     """The contract retargeting rests on, checked on tf.estimator itself: the ConfigProto the Estimator passes
     to its sessions is found from the one `build` was given, also when RunConfig.replace copied it."""
-    from tf_ecrec.propagation import live_session_config
+    from tf_ecrec.ps_session import live_session_config
 
     config = session_config(_cluster(), 5.0)
     run_config = tf.estimator.RunConfig(model_dir=str(tmp_path), session_config=config)
@@ -357,7 +357,7 @@ def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_addre
 
 
 def test_fast_reconnect_sets_grpc_backoff_options_unless_the_user_set_them(monkeypatch):
-    from tf_ecrec.propagation import GRPC_RECONNECT_OPTIONS, fast_reconnect
+    from tf_ecrec.ps_session import GRPC_RECONNECT_OPTIONS, fast_reconnect
 
     monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS", raising=False)
     fast_reconnect()

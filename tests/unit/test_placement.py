@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.placement import DATA, PARITY, Layout, TableLayout, TableSpec, plan
+from tf_ecrec.placement import Layout, plan
+from tf_ecrec.table_layout import ChunkKind, TableLayout, TableSpec
 
 
 def _random_cases(count: int, seed: int) -> list[tuple[int, int, int, list[TableSpec]]]:
@@ -258,7 +259,7 @@ def test_each_ps_stacks_its_chunks_of_a_kind_in_chunk_order_and_local_rows_tile_
     table = plan(num_ps, k, r, [TableSpec("t", rows, 3)]).table("t")
     seen = set()
     for ps in range(num_ps):
-        for kind, all_of_kind in ((DATA, table.data_chunks), (PARITY, table.parity_chunks)):
+        for kind, all_of_kind in ((ChunkKind.DATA, table.data_chunks), (ChunkKind.PARITY, table.parity_chunks)):
             mine = table.chunks_on(ps, kind)
             assert list(mine) == [c for c in all_of_kind if c.ps == ps]
             spans = [table.local_rows(c) for c in mine]

@@ -50,7 +50,7 @@ Field names are stable (other tools read them):
     of a lost PS's variables beyond their committed prefix (docs/settlement.md).
 ``variables_sha256``
     digest of every variable's bytes read from the PS tasks at the end
-    (`tf_ecrec.inspect`).
+    (`tf_ecrec.live_cluster`).
 ``parity``
     (``--fault-tolerance ecrec``) ``stripes_checked``, ``rows_checked``,
     ``mismatches`` (and the same for replicas): every stripe's parity

@@ -312,7 +312,7 @@ class Supervisor:
     def _digest(self) -> dict[str, Any]:
         ps = [t.cluster.address for t in self._run.table.ps()]
         result = subprocess.run(
-            [sys.executable, "-m", "tf_ecrec.inspect", model_dir.manifest_file(self.job.model_dir), ",".join(ps)],
+            [sys.executable, "-m", "tf_ecrec.live_cluster", model_dir.manifest_file(self.job.model_dir), ",".join(ps)],
             capture_output=True,
             text=True,
             timeout=300,

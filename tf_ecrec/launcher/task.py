@@ -36,7 +36,7 @@ from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnec
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
-from tf_ecrec.propagation import fast_reconnect, own_server
+from tf_ecrec.ps_session import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
                                rebuild_share=job.rebuild_share)
     else:
-        from tf_ecrec.recovery import long_deadline_model_fn
+        from tf_ecrec.deadline_session import long_deadline_model_fn
 
         # Initialisation, checkpoint saves and restores of a large model outlast the session timeout.
         model_fn = long_deadline_model_fn(model_fn)

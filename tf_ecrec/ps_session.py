@@ -5,7 +5,7 @@ A trainer's TensorFlow server boots as a one-task job of its own
 trainer in its ``ConfigProto.cluster_def`` (`session_config`), with state
 shared between sessions and an operation timeout.  A session built for a
 new cluster then reaches a moved PS while the surviving PS keep their
-variables (`tf_ecrec.failover`); `tf_ecrec.inspect` reads the PS tasks the
+variables (`tf_ecrec.failover`); `tf_ecrec.live_cluster` reads the PS tasks the
 same way.  `fast_reconnect` sets the gRPC options every task of a job
 should run with.
 """

@@ -1,4 +1,4 @@
-"""Reading a live cluster's variables from outside the training graph.
+"""Inspecting a live cluster from outside the training graph: manifests, reads, digests, parity checks.
 
 The chief writes a *manifest* of the model's variables (name, dtype, shape,
 device) when it builds its graph.  From the manifest alone, any process can
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.propagation import own_server, propagated_config
+from tf_ecrec.ps_session import own_server, propagated_config
 
 _LOG = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def streamed_digest(reader: Any, names: Iterable[str]) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_ecrec.inspect MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON."""
+    """``python -m tf_ecrec.live_cluster MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Digest the variables of a live PS cluster.")

@@ -1,0 +1,142 @@
+"""The variables `ECOptimizer` adds: optimizer slots, parity of the tables, replicas of the rest.
+
+Each is created on first use, on its PS, with its initial value computed
+from the initial values of what it protects (`tf_ecrec.stripe_encoding`
+encodes parity from the data PS's words; a replica is the k = 1 code of a
+variable and its slots, i.e. their words).  The graph's initializer runs
+every initializer in one ``session.run``, where each initial-value tensor is
+computed once and feeds both a variable and its parity: the ordinary
+initializer leaves them consistent.  `tf_ecrec.recovery`'s fresh start does
+not use these initializers for parity and replicas: it encodes them from the
+initialised data PS to PS in slices (`tf_ecrec.rebuild`).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_ecrec import unfolded
+from tf_ecrec.device import on_ps
+from tf_ecrec.embedding import EmbeddingCollection, device_task
+from tf_ecrec.stripe_encoding import encode_parity_chunk, row_words
+from tf_ecrec.update_rule import UpdateRule
+
+
+class ProtectionVariables:
+    """The slots, parity and replicas of one optimizer's variables, by name; create them with the ``*_for`` methods.
+
+    Args:
+      rule: the update rule (its slots are created for every updated variable).
+
+    Attributes:
+      slots: variable name -> its slot variables, in the rule's order.
+      parity: collection name -> PS -> the parity variable of that PS.
+      replicas: variable name -> its replicas (dense variables and the global step).
+      protected: variable name -> the replicated variable (dense ones and the global step).
+    """
+
+    def __init__(self, rule: UpdateRule) -> None:
+        self.rule = rule
+        self.slots: dict[str, list[tf.Variable]] = {}
+        self.parity: dict[str, dict[int, tf.Variable]] = {}
+        self.replicas: dict[str, list[tf.Variable]] = {}
+        self.protected: dict[str, tf.Variable] = {}
+
+    def redundancy_names(self) -> set[str]:
+        """Names of the variables derived from others: every parity and every replica."""
+        names = {v.op.name for parity in self.parity.values() for v in parity.values()}
+        return names | {r.op.name for reps in self.replicas.values() for r in reps}
+
+    def slots_of(self, var: tf.Variable) -> list[tf.Variable]:
+        """The slots of `var`, if they were created."""
+        return self.slots.get(var.op.name, [])
+
+    def slots_for(self, var: tf.Variable) -> list[tf.Variable]:
+        """The slots of `var`, created on its PS on first use."""
+        if var.op.name not in self.slots:
+            slots = []
+            with on_ps(device_task(var.device)):
+                for slot_name, initial in self.rule.slots:
+                    slots.append(
+                        tf.compat.v1.Variable(
+                            unfolded.filled(var.shape.as_list(), initial, tf.float32),
+                            name=f"{var.op.name}/{slot_name}",
+                            trainable=False,
+                            use_resource=True,
+                            dtype=tf.float32,
+                            shape=var.shape,
+                        )
+                    )
+            self.slots[var.op.name] = slots
+        return self.slots[var.op.name]
+
+    def parity_for(self, coll: EmbeddingCollection) -> dict[int, tf.Variable]:
+        """PS -> the parity variable of `coll` there (its parity chunks stacked), created on first use."""
+        if coll.name in self.parity:
+            return self.parity[coll.name]
+        code = coll.code
+        layout = coll.table_layout
+        c = coll.chunk_rows
+        words = {}
+        for p, var in coll.data.items():
+            with tf.compat.v1.device(var.device):  # on the data's PS, not the chief (see embedding._masked)
+                values = [var.initial_value] + [s.initial_value for s in self.slots_for(var)]
+                words[p] = row_words(values, int(var.shape[0]))
+        width = (1 + len(self.rule.slots)) * coll.dim
+        parity: dict[int, tf.Variable] = {}
+        for q, chunks in coll.parity_chunks_on.items():
+            if not chunks:
+                continue
+            with on_ps(q):
+                parts = [encode_parity_chunk(layout, code, pc, words) for pc in chunks]
+                parity[q] = tf.compat.v1.Variable(
+                    tf.concat(parts, axis=0),
+                    name=f"ec/{coll.name}/ps{q}/parity",
+                    trainable=False,
+                    use_resource=True,
+                    dtype=tf.int32,
+                    shape=[len(chunks) * c, width],
+                )
+        self.parity[coll.name] = parity
+        return parity
+
+    def replicas_for(self, var: tf.Variable, slots: list[tf.Variable], r: int, num_ps: int) -> list[tf.Variable]:
+        """The `r` replicas of dense `var` and its slots (their words) on the next PS tasks, created on first use."""
+        if var.op.name in self.replicas:
+            return self.replicas[var.op.name]
+        primary = device_task(var.device)
+        with tf.compat.v1.device(var.device):
+            words = row_words([v.initial_value for v in [var, *slots]], int(var.shape[0]))
+        replicas = []
+        for j in range(r):
+            with on_ps((primary + 1 + j) % num_ps):
+                replicas.append(
+                    tf.compat.v1.Variable(
+                        words, name=f"{var.op.name}/ec_replica_{j}", trainable=False, use_resource=True, dtype=tf.int32
+                    )
+                )
+        self.replicas[var.op.name] = replicas
+        self.protected[var.op.name] = var
+        return replicas
+
+    def step_replicas(self, global_step: tf.Variable, r: int, num_ps: int) -> list[tf.Variable]:
+        """The `r` replicas of the global step on the next PS tasks, created on first use."""
+        name = global_step.op.name
+        if name not in self.replicas:
+            primary = device_task(global_step.device)
+            replicas = []
+            for j in range(r):
+                with on_ps((primary + 1 + j) % num_ps):
+                    replicas.append(
+                        tf.compat.v1.Variable(
+                            global_step.initial_value,
+                            name=f"{name}/ec_replica_{j}",
+                            trainable=False,
+                            use_resource=True,
+                            dtype=global_step.dtype.base_dtype,
+                        )
+                    )
+            self.replicas[name] = replicas
+            self.protected[name] = global_step
+        return self.replicas[name]
+
