@@ -47,16 +47,16 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from tf_ecrec import codec  # noqa: E402
-from tf_ecrec import ops as ec_ops  # noqa: E402
+from tf_ecrec import codec
+from tf_ecrec import ops as ec_ops
 
 ADAGRAD_LR = np.float32(0.01)
 
@@ -84,7 +84,7 @@ class Case:
     seconds: list[float] = field(default_factory=list)  # per call, one per repetition
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="4096,16384,65536", help="rows per call, comma-separated")
     parser.add_argument("--parity-rows", type=int, default=200_000, help="rows of the parity (and table)")
@@ -317,7 +317,7 @@ def report(args: argparse.Namespace, cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     sess_holder: list = [None]

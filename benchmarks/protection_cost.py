@@ -47,11 +47,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import tf_ecrec  # noqa: E402
-from tf_ecrec.device import ECDeviceFn  # noqa: E402
+import tf_ecrec
+from tf_ecrec.device import ECDeviceFn
 
 TABLES = 26
 

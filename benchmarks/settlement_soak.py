@@ -20,8 +20,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from harness.fault_schedule import Sequence, Stats  # noqa: E402
-from integration.tf_cluster import InProcessCluster  # noqa: E402
+from harness.fault_schedule import Sequence, Stats
+from integration.tf_cluster import InProcessCluster
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,10 +39,10 @@ class LongDeadlineSaver(tf.compat.v1.train.Saver):
     a save takes longer than the default 10 s).
     """
 
-    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
+    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # see class docstring
         return super().save(LongDeadlineSession(sess), *args, **kwargs)
 
-    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
+    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # see class docstring
         self._restore(sess, save_path)
 
     def _restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:

@@ -30,11 +30,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import codec, placement, unfolded
+from tf_ecrec import ops as ec_ops
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.table_layout import ChunkKind, ChunkSpec, TableSpec
-from tf_ecrec import ops as ec_ops
 
 _LOG = logging.getLogger(__name__)
 

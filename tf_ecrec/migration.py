@@ -195,7 +195,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         try:
             assert self._retarget is not None
             self._retarget(addresses)
-        except Exception:  # noqa: BLE001 - fall back to stopping the session, which rebuilds everything
+        except Exception:  # fall back to stopping the session, which rebuilds everything
             _LOG.exception("retargeting the sessions at %s failed; stopping the session instead", addresses)
             return False
         with self._lock:

@@ -192,7 +192,7 @@ class Rebuilder:
 
     def rebuild(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> RebuildStats:
         """Allocates and rebuilds every variable of the `lost` PS from the survivors (which must cover them)."""
-        lost_set = set(int(p) for p in lost)
+        lost_set = {int(p) for p in lost}
         stats = self._allocate(sess, lost_set, options)
         for table in self._tables:
             targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
@@ -209,7 +209,7 @@ class Rebuilder:
         the rebuild decodes from; returns the `BackgroundRebuild` that
         installs the rows (not started).  The caller then lets trainers run.
         """
-        lost_set = set(int(p) for p in lost)
+        lost_set = {int(p) for p in lost}
         t = time.perf_counter()
         stats = RebuildStats()
         # One session call (each distinct call costs a graph registration on every PS it touches in

@@ -369,7 +369,7 @@ class RecoveryPlan:
         opt = self._opt
         names = set()
         for coll in self._colls:
-            for p, var in coll.data.items():
+            for _p, var in coll.data.items():
                 names.add(var.op.name)
                 names.update(s.op.name for s in opt.slots_of(var))
             names.update(v.op.name for v in opt.parity[coll.name].values())

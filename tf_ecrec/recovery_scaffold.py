@@ -38,13 +38,13 @@ class ECSaver(LongDeadlineSaver):
         super().__init__(**kwargs)
         self._plan = plan
 
-    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
+    def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # see class docstring
         # Rows still pending on a PS being rebuilt read as zeros: a checkpoint waits for the rebuild.
         if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
             raise RecoveryError("a checkpoint cannot be saved while a lost PS's rows are still being rebuilt")
         return super().save(sess, *args, **kwargs)
 
-    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # noqa: D102 - see class docstring
+    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # see class docstring
         self._plan.prepare(sess, restore=lambda: self._restore(sess, save_path))
 
 
@@ -174,13 +174,13 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:  # noqa: D102
+    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         self._stop_thread()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(session, self._stop), name="ec-stale-step-settler", daemon=True)
         self._thread.start()
 
-    def end(self, session: tf.compat.v1.Session) -> None:  # noqa: D102
+    def end(self, session: tf.compat.v1.Session) -> None:
         self._stop_thread()
 
     def _stop_thread(self) -> None:

@@ -21,7 +21,8 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Callable, Optional, Tuple, Type, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from tf_ecrec.errors import ConfigError
 
@@ -59,7 +60,7 @@ class Retry:
     backoff: float = 2.0
     max_delay: float = 2.0
     max_jitter: float = 0.2
-    deadline: Optional[float] = 10.0
+    deadline: float | None = 10.0
     retry_if: Callable[[BaseException], bool] = _retry_connection_errors
     sleep_func: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
@@ -77,7 +78,7 @@ class Retry:
         if self.deadline is not None and self.deadline <= 0:
             raise ConfigError(f"Retry deadline={self.deadline} must be > 0 or None")
 
-    def replace(self, **changes: object) -> "Retry":
+    def replace(self, **changes: object) -> Retry:
         """Returns a copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
@@ -93,7 +94,7 @@ class Retry:
         """
         return self.run(lambda _remaining: func(*args, **kwargs))
 
-    def run(self, func: Callable[[Optional[float]], T]) -> T:
+    def run(self, func: Callable[[float | None], T]) -> T:
         """Like ``__call__``, but passes each attempt the seconds left.
 
         ``func(remaining)`` gets the time until the deadline (``None`` without
@@ -105,7 +106,7 @@ class Retry:
             remaining = self._remaining(start)
             try:
                 return func(remaining)
-            except Exception as exc:  # noqa: BLE001 - filtered by retry_if.
+            except Exception as exc:  # filtered by retry_if.
                 if not self.retry_if(exc) or attempt == self.max_tries:
                     raise
                 pause = min(sleep, self.max_delay) * (1.0 + self.max_jitter * self.jitter_func())
@@ -118,13 +119,13 @@ class Retry:
                 sleep *= self.backoff
         raise AssertionError("Internal error: Retry.run left its loop")  # pragma: no cover
 
-    def _remaining(self, start: float) -> Optional[float]:
+    def _remaining(self, start: float) -> float | None:
         if self.deadline is None:
             return None
         return self.deadline - (self.clock() - start)
 
 
-def retry_on(*types: Type[BaseException]) -> Callable[[BaseException], bool]:
+def retry_on(*types: type[BaseException]) -> Callable[[BaseException], bool]:
     """Returns a ``retry_if`` predicate accepting instances of ``types``."""
-    classes: Tuple[Type[BaseException], ...] = tuple(types)
+    classes: tuple[type[BaseException], ...] = tuple(types)
     return lambda exc: isinstance(exc, classes)

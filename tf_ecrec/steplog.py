@@ -312,7 +312,7 @@ class Reconciler:
                 if e.sid in round2:
                     top = max(top, e.source_seq)
             tops[source] = top
-            for p, e in sorted(folds, key=lambda pe: -pe[1].seq):
+            for _p, e in sorted(folds, key=lambda pe: -pe[1].seq):
                 if e.source_seq > top:
                     sess.run(self._undo[e.target], {self._seq: e.seq})
                     undone += 1
@@ -329,7 +329,7 @@ class Reconciler:
         # step that another overtook on one variable is not undone on the others.
         keep = keep or not all(self._undoable(snaps[p], e) for p, e in applies)
         all_undone = not keep
-        for p, e in applies:
+        for _p, e in applies:
             folds = [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
             if not keep and self._undo_apply(sess, e, folds):
                 continue
@@ -339,7 +339,7 @@ class Reconciler:
         if not counts:
             return all_undone
         if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):
-            if all([self._undo_apply(sess, e, []) for _, e in counts]):
+            if all([self._undo_apply(sess, e, []) for _, e in counts]):  # noqa: C419 (every undo runs)
                 return True
         # Counted on every copy (the missing increments made, deduplicated): the step was finished, or
         # it was undone but another step counted after it (the global step then runs one ahead of the

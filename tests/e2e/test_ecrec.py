@@ -4,7 +4,6 @@ import json
 import os
 
 import pytest
-
 from conftest import cli
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]

@@ -14,7 +14,6 @@ import json
 import os
 
 import pytest
-
 from conftest import cli
 
 ARGS = ["--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3", "--workers", "1", "--steps", "160",

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-
 from conftest import REPO, cli
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]

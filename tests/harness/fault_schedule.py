@@ -47,7 +47,6 @@ import tensorflow as tf
 
 import tf_ecrec
 from tf_ecrec import codec
-from tf_ecrec import ops as ec_ops
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery import RecoveryPlan
@@ -400,7 +399,7 @@ class Sequence:
         def run() -> None:
             try:
                 box["out"] = self.sess.run(fetch, feed, options=options)
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the harness's thread
+            except BaseException as exc:  # re-raised on the harness's thread
                 box["error"] = exc
 
         thread = threading.Thread(target=run, daemon=True)

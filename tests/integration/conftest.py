@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import uuid
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -65,7 +65,7 @@ class ZooKeeperServer:
                 "forceSync=no",
                 "",
             ]))
-        self._process: Optional[subprocess.Popen] = None
+        self._process: subprocess.Popen | None = None
 
     @property
     def hosts(self) -> str:
@@ -109,7 +109,7 @@ class ZooKeeperServer:
 
     def log_tail(self, lines: int = 30) -> str:
         try:
-            with open(self.log_path, "r", encoding="utf-8", errors="replace") as log:
+            with open(self.log_path, encoding="utf-8", errors="replace") as log:
                 return "".join(log.readlines()[-lines:])
         except OSError:
             return "(no log)"

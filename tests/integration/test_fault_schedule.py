@@ -25,11 +25,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import fault_schedule  # noqa: E402
-from integration.tf_cluster import tf_cluster  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
+from harness import fault_schedule
+from integration.tf_cluster import tf_cluster
 
-from tf_ecrec import rebuild, rebuild_stripes, steplog  # noqa: E402
+from tf_ecrec import rebuild, rebuild_stripes, steplog
 
 cluster = tf_cluster(num_ps=4)
 

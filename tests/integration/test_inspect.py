@@ -10,8 +10,9 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from integration.tf_cluster import tf_cluster  # noqa: E402
-from tf_ecrec import live_cluster  # noqa: E402
+from integration.tf_cluster import tf_cluster
+
+from tf_ecrec import live_cluster
 
 cluster = tf_cluster(num_ps=2, chief=True)
 

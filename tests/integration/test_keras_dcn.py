@@ -25,14 +25,14 @@ from tf_cluster import tf_cluster
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, StaticShards, make_dataset, with_data_accounting
 from tf_ecrec.data.synthetic import SyntheticCriteo
-from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.device import ECDeviceFn
+from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
-from tf_ecrec.live_cluster import read_manifest, read_variables, variables_digest
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
+from tf_ecrec.live_cluster import read_manifest, read_variables, variables_digest
 from tf_ecrec.model_fn import ec_model_fn
 from tf_ecrec.verify import check_parity, redundancy_names
 

@@ -28,9 +28,9 @@ class FakeTime:
 
 
 def fake_retry(clock: FakeTime, **kwargs) -> Retry:
-    values = dict(max_tries=5, delay=1.0, backoff=2.0, max_delay=3.0, max_jitter=0.0,
-                  deadline=None, retry_if=retry_on(ConnectionError), sleep_func=clock.sleep,
-                  clock=clock.clock)
+    values = {"max_tries": 5, "delay": 1.0, "backoff": 2.0, "max_delay": 3.0, "max_jitter": 0.0,
+                  "deadline": None, "retry_if": retry_on(ConnectionError), "sleep_func": clock.sleep,
+                  "clock": clock.clock}
     values.update(kwargs)
     return Retry(**values)
 
@@ -91,8 +91,8 @@ def test_retry_passes_each_attempt_the_time_left() -> None:
     assert seen == [10.0, 9.0, 7.0]
 
 
-@pytest.mark.parametrize("kwargs", [dict(max_tries=0), dict(delay=-1), dict(backoff=0.5),
-                                    dict(deadline=0)])
+@pytest.mark.parametrize("kwargs", [{"max_tries": 0}, {"delay": -1}, {"backoff": 0.5},
+                                    {"deadline": 0}])
 def test_retry_rejects_unbounded_or_negative_settings(kwargs) -> None:
     with pytest.raises(ConfigError):
         Retry(**kwargs)

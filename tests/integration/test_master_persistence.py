@@ -10,18 +10,18 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Counter, List, Optional, Tuple
+from collections import Counter
 
 import pytest
 
 import tf_ecrec
+from tf_ecrec.errors import MasterError
 from tf_ecrec.master.client import MasterClient
-from tf_ecrec.master.server import main
 from tf_ecrec.master.membership import EmbeddedMembership
+from tf_ecrec.master.server import main
 from tf_ecrec.master.sharding import DatasetSpec
 from tf_ecrec.master.state.master_state import MasterState
 from tf_ecrec.master.state.snapshot import SnapshotStore
-from tf_ecrec.errors import MasterError
 from tf_ecrec.membership.base import Member
 from tf_ecrec.retry import Retry
 
@@ -41,7 +41,7 @@ class MasterProcess:
         self.address = self._read_address(timeout=30.0)
 
     def _read_address(self, timeout: float) -> str:
-        found: List[str] = []
+        found: list[str] = []
         reader = threading.Thread(target=lambda: found.append(self.process.stdout.readline()),
                                   daemon=True)
         reader.start()
@@ -65,17 +65,17 @@ class SimulatedWorker(threading.Thread):
     """
 
     def __init__(self, address: str, index: int, trained: Counter, lock: threading.Lock,
-                 crash_after: Optional[int] = None) -> None:
+                 crash_after: int | None = None) -> None:
         super().__init__(name=f"worker-{index}", daemon=True)
         self.address, self.index = address, index
         self.trained, self.lock, self.crash_after = trained, lock, crash_after
         self.unacked_at_crash = 0
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             self._train()
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the test.
+        except BaseException as exc:  # surfaced by the test.
             self.error = exc
 
     def _train(self) -> None:
@@ -109,7 +109,7 @@ def test_sigkilled_master_restarts_and_the_job_trains_every_record_once(tmp_path
                                                               max_delay=0.5, deadline=20))
     total, epochs = 12000, 2
     observer.register_dataset("train", total, 200, epochs, shuffle_seed=11)
-    trained: Counter[Tuple[int, int]] = collections.Counter()
+    trained: Counter[tuple[int, int]] = collections.Counter()
     lock = threading.Lock()
     workers = [SimulatedWorker(master.address, i, trained, lock, crash_after=40 if i == 2 else None)
                for i in range(3)]
@@ -181,7 +181,7 @@ def test_a_corrupt_snapshot_is_an_error_not_a_fresh_start(tmp_path) -> None:
 ])
 def test_a_structurally_wrong_snapshot_is_a_master_error(tmp_path, text) -> None:
     (tmp_path / "state.json").write_text(text)
-    with pytest.raises(MasterError, match="master state (is malformed|format)"):
+    with pytest.raises(MasterError, match=r"master state (is malformed|format)"):
         MasterState(SnapshotStore(str(tmp_path)))
 
 

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from tf_ecrec.errors import (AuthenticationError, ConfigError, BarrierTimeout, InvalidRequestError,
-                             MasterError, MasterUnavailable, MembershipLost, NotFoundError,
-                             StaleGenerationError)
+from tf_ecrec.errors import (
+    AuthenticationError,
+    BarrierTimeout,
+    ConfigError,
+    InvalidRequestError,
+    MasterError,
+    MasterUnavailable,
+    MembershipLost,
+    NotFoundError,
+    StaleGenerationError,
+)
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
@@ -41,9 +49,8 @@ def registered(master: MasterHandle, task: str, port: int = 2000) -> MasterClien
 
 
 def raw_error(master: MasterHandle, method: str, request) -> grpc.RpcError:
-    with grpc.insecure_channel(master.address) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            getattr(pb_grpc.MasterStub(channel), method)(request, timeout=5)
+    with grpc.insecure_channel(master.address) as channel, pytest.raises(grpc.RpcError) as info:
+        getattr(pb_grpc.MasterStub(channel), method)(request, timeout=5)
     return info.value
 
 
@@ -140,7 +147,7 @@ def test_waiting_for_a_shard_is_bounded_by_wait_timeout(master) -> None:
     holder.register_dataset("train", 10, 10)
     holder.get_shard("train")
     naps = []
-    with pytest.raises(MasterError, match="no shard became free within 0.3s"):
+    with pytest.raises(MasterError, match=r"no shard became free within 0.3s"):
         for _ in waiter.iter_shards("train", wait_timeout=0.3,
                                     sleep=lambda s: (naps.append(s), time.sleep(0.1))):
             pass
@@ -299,7 +306,7 @@ def test_shard_checkpoint_round_trips_through_the_service(master) -> None:
     with pytest.raises(InvalidRequestError, match="not valid JSON"):
         worker.restore_shard_checkpoint("train", b"\x00garbage")
     # A structurally wrong checkpoint is refused before anything changes: the lease stays valid.
-    import json  # noqa: PLC0415
+    import json
     good = json.loads(blob)
     held = worker.get_shard("train").lease
     before = worker.data_state("train")
@@ -320,7 +327,7 @@ def test_stopped_master_fails_calls_fast_and_releases_barrier_waiters(tmp_path) 
     def wait() -> None:
         try:
             chief.barrier("never", 1, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - recorded for the assertion.
+        except Exception as exc:  # recorded for the assertion.
             outcome["error"] = exc
 
     waiter = threading.Thread(target=wait)

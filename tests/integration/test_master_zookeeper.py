@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -32,7 +32,7 @@ class MasterView:
     """
 
     def __init__(self) -> None:
-        self.latest: Dict[str, Member] = {}
+        self.latest: dict[str, Member] = {}
 
     def __call__(self, event: MembershipEvent) -> None:
         if event.kind is EventKind.CHANGED:
@@ -52,7 +52,7 @@ def zk_master(zookeeper, zk_job_path, tmp_path) -> Iterator[MasterHandle]:
 
 
 def join(zookeeper, path: str, master: MasterHandle, task: str,
-         port: int) -> "tuple[MasterClient, ZooKeeperMembership]":
+         port: int) -> tuple[MasterClient, ZooKeeperMembership]:
     """Registers a task and joins ZooKeeper; returns once the master saw the join."""
     task_type, _, index = task.partition(":")
     client = MasterClient(master.address, task_type, int(index))

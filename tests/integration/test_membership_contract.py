@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterator, List
+from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -32,7 +32,7 @@ class Recorder:
     """Collects watch events; waits for a condition on them with a deadline."""
 
     def __init__(self) -> None:
-        self.events: List[MembershipEvent] = []
+        self.events: list[MembershipEvent] = []
         self._cond = threading.Condition()
 
     def __call__(self, event: MembershipEvent) -> None:
@@ -40,20 +40,20 @@ class Recorder:
             self.events.append(event)
             self._cond.notify_all()
 
-    def wait_for(self, predicate: Callable[[List[MembershipEvent]], bool],
-                 timeout: float) -> List[MembershipEvent]:
+    def wait_for(self, predicate: Callable[[list[MembershipEvent]], bool],
+                 timeout: float) -> list[MembershipEvent]:
         with self._cond:
             if not self._cond.wait_for(lambda: predicate(self.events), timeout):
                 raise AssertionError(f"condition not met within {timeout}s; events: "
                                      f"{[(e.kind.value, sorted(e.members)) for e in self.events]}")
             return list(self.events)
 
-    def kinds(self) -> List[EventKind]:
+    def kinds(self) -> list[EventKind]:
         with self._cond:
             return [e.kind for e in self.events]
 
 
-def _last_view(events: List[MembershipEvent]) -> dict:
+def _last_view(events: list[MembershipEvent]) -> dict:
     views = [e for e in events if e.kind is EventKind.CHANGED]
     return dict(views[-1].members) if views else {}
 
@@ -64,7 +64,7 @@ class FakeHarness:
 
     def __init__(self) -> None:
         self.server = FakeMembershipServer()
-        self._backends: List[MembershipBackend] = []
+        self._backends: list[MembershipBackend] = []
 
     def backend(self) -> MembershipBackend:
         backend = FakeMembership(self.server)
@@ -95,7 +95,7 @@ class EmbeddedHarness:
         self.free_port = free_port
         self.state_dir = state_dir
         self.master = start_master(state_dir=state_dir, heartbeat_timeout=1.0, fsync=False)
-        self._backends: List[MembershipBackend] = []
+        self._backends: list[MembershipBackend] = []
 
     def backend(self) -> MembershipBackend:
         backend = EmbeddedMembership(self.master.address, heartbeat_interval=0.1, timeout=5.0)
@@ -131,7 +131,7 @@ class ZooKeeperHarness:
         self.free_port = free_port
         self.zookeeper = zookeeper
         self.job_path = job_path
-        self._backends: List[MembershipBackend] = []
+        self._backends: list[MembershipBackend] = []
 
     def backend(self) -> MembershipBackend:
         backend = ZooKeeperMembership(self.zookeeper.hosts, self.job_path, session_timeout=4.0,

@@ -16,10 +16,9 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import fault_schedule  # noqa: E402
-from harness.fault_schedule import Sequence, _CrashingSession, InjectedCrash  # noqa: E402
-from integration.test_fault_schedule import _NoRollback, _UndoUncountedFoldsOfLostSources  # noqa: E402
-from integration.tf_cluster import tf_cluster  # noqa: E402
+from harness.fault_schedule import InjectedCrash, Sequence, _CrashingSession
+from integration.test_fault_schedule import _NoRollback, _UndoUncountedFoldsOfLostSources
+from integration.tf_cluster import tf_cluster
 
 cluster = tf_cluster(num_ps=4)
 

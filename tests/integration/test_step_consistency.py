@@ -14,17 +14,16 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
+from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 import tf_ecrec
-from tensorflow.python.training.saving import saveable_object
+from tf_ecrec.deadline_session import LongDeadlineSaver
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.deadline_session import LongDeadlineSaver
 from tf_ecrec.recovery import RecoveryPlan
 from tf_ecrec.recovery_scaffold import ECSaver
 from tf_ecrec.verify import check_parity
-
-from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 
 def _build(cluster, optimizer="adagrad", k=2, r=1, num_ps=3):  # noqa: F811
@@ -113,7 +112,7 @@ def test_a_cut_step_overtaken_by_a_later_one_is_finished_and_parity_stays_exact(
 
 
 def test_reconcile_with_nothing_pending_changes_nothing(cluster):  # noqa: F811
-    graph, ids, train, opt, plan, init, variables = _build(cluster, optimizer="sgd")
+    graph, ids, train, _opt, plan, init, variables = _build(cluster, optimizer="sgd")
     with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:
         sess.run(init)
         sess.run(train, _feed(ids, 0))
@@ -124,7 +123,7 @@ def test_reconcile_with_nothing_pending_changes_nothing(cluster):  # noqa: F811
 
 
 def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for_lost_ps(cluster, tmp_path):  # noqa: F811
-    graph, ids, train, opt, plan, init, variables = _build(cluster)
+    graph, ids, train, opt, plan, _init, variables = _build(cluster)
     with graph.as_default():
         plan = RecoveryPlan(opt, model_dir=str(tmp_path), background=False)
         some = tf.group(*[v.initializer for v in list(variables.values())[::2]])
@@ -150,7 +149,7 @@ def test_a_fresh_start_initialises_in_bounded_batches_and_encodes_parity_from_th
     import tf_ecrec.recovery_graph as recovery_graph
 
     monkeypatch.setattr(recovery_graph, "INIT_BATCH_BYTES", 2048)
-    graph, ids, train, opt, _, init, variables = _build(cluster)
+    graph, _ids, _train, opt, _, _init, variables = _build(cluster)
     with graph.as_default():
         plan = RecoveryPlan(opt, model_dir=str(tmp_path), background=False)
         reset = tf.group(*[tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in variables.values()])
@@ -190,7 +189,7 @@ class _GatedSaveable(saveable_object.SaveableObject):
 def test_a_checkpoint_save_is_not_cut_by_the_session_operation_timeout(cluster, tmp_path, saver):  # noqa: F811
     """The session's operation timeout ends waits on dead tasks; ECSaver (ecrec) and LongDeadlineSaver (the
     unprotected modes' Scaffold) save a slow (large) model under the long deadline."""
-    graph, ids, train, opt, plan, init, variables = _build(cluster, optimizer="sgd")
+    graph, _ids, _train, _opt, plan, init, _variables = _build(cluster, optimizer="sgd")
     with graph.as_default():
         with tf.compat.v1.device("/job:ps/task:0"):
             gate = tf.queue.FIFOQueue(4, tf.float32, shapes=[[]], shared_name="save_gate")

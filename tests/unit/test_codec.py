@@ -18,7 +18,7 @@ HEADER = codec.PYECLIB_HEADER_BYTES
 DECODE_CODES = [(2, 1), (3, 1), (4, 1), (2, 2), (4, 2), (3, 3)]
 
 
-def _driver(k: int, r: int) -> "pyeclib_iface.ECDriver":
+def _driver(k: int, r: int) -> pyeclib_iface.ECDriver:
     return pyeclib_iface.ECDriver(k=k, m=r, ec_type=codec.PYECLIB_EC_TYPE)
 
 

@@ -104,11 +104,10 @@ def test_shard_progress_hook_warns_rate_limited_while_the_master_is_gone(master,
         train = tf.compat.v1.assign_add(step, 1)
         hook = shard_progress.ShardProgressHook(client, tracker, records=10, flush_timeout=0.5,
                                                 warn_every_secs=60)
-        with caplog.at_level(logging.WARNING):
-            with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
-                for _ in range(10):
-                    session.run(train)
-                    time.sleep(0.05)
+        with caplog.at_level(logging.WARNING), tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            for _ in range(10):
+                session.run(train)
+                time.sleep(0.05)
     unreachable = [r for r in caplog.records if "master unreachable" in r.getMessage()]
     assert len(unreachable) == 1  # Rate limited.
     assert any("not delivered" in r.getMessage() for r in caplog.records)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ def _bits(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=F32).view(np.int32)
 
 
-def _session(graph: tf.Graph) -> "V1.Session":
+def _session(graph: tf.Graph) -> V1.Session:
     # One intra-op thread: TensorFlow's sparse Adagrad kernel shards the index
     # list across threads, which races on duplicate ids; with one thread it
     # applies them in order, which is what our ops do on any pool.
@@ -71,7 +71,7 @@ def _stock_lazy_adam(v: Sequence[tf.Variable], g: tf.Tensor, i: tf.Tensor) -> tf
 SGD_LR = F32(0.1)
 ADAGRAD_LR = F32(0.05)
 ADAM_HYPER = (F32(0.01), F32(0.9), F32(0.999), F32(1e-7))
-FTRL = dict(lr=F32(0.05), l1=F32(0.01), l2=F32(0.02))
+FTRL = {"lr": F32(0.05), "l1": F32(0.01), "l2": F32(0.02)}
 
 OPTIMIZERS = {
     "sgd": Optimizer(
@@ -459,14 +459,14 @@ def test_mismatching_build_info_raises_with_the_fix() -> None:
 
 
 def test_loader_rejects_missing_stale_and_broken_libraries(tmp_path) -> None:
-    with pytest.raises(OpLibraryError, match="missing.*python ops/build.py"):
+    with pytest.raises(OpLibraryError, match=r"missing.*python ops/build.py"):
         ec_ops.load_library(str(tmp_path))
     (tmp_path / ec_ops.LIBRARY_NAME).write_bytes(b"not an ELF file")
     with pytest.raises(OpLibraryError, match="build info"):
         ec_ops.load_library(str(tmp_path))
     info = tmp_path / ec_ops.BUILD_INFO_NAME
     info.write_text('TF_VERSION = "1.15.0"\nSOURCE_HASH = "abc"\n')
-    with pytest.raises(OpLibraryError, match="built for TensorFlow 1.15.0"):
+    with pytest.raises(OpLibraryError, match=r"built for TensorFlow 1.15.0"):
         ec_ops.load_library(str(tmp_path))
     info.write_text(f'TF_VERSION = "{tf.__version__}"\nSOURCE_HASH = "abc"\n')
     with pytest.raises(OpLibraryError, match="could not load"):

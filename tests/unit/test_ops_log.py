@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -35,7 +35,7 @@ def _log_name() -> str:
     return f"test_log_{next(_names)}"
 
 
-def _session(graph: tf.Graph, target: str = "", threads: int = 1) -> "V1.Session":
+def _session(graph: tf.Graph, target: str = "", threads: int = 1) -> V1.Session:
     config = V1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=threads)
     return V1.Session(target, graph=graph, config=config)
 
@@ -44,7 +44,7 @@ def _words(array: np.ndarray) -> np.ndarray:
     return ec_ops.as_words(array)
 
 
-def _read(sess: "V1.Session", read) -> ec_ops.DeltaLogSnapshot:
+def _read(sess: V1.Session, read) -> ec_ops.DeltaLogSnapshot:
     return ec_ops.parse_delta_log(sess.run(read))
 
 
@@ -244,11 +244,11 @@ def _protected_step_graph(log_name: str):
     table_words = _row_words([table0, accum0])
     parity0 = codec.gf_mul_bytes(PARITY_COEF, table_words)
     dense_words = _row_words([dense0, dense_accum0])
-    v = dict(
-        table=tf.Variable(table0), accum=tf.Variable(accum0), parity=tf.Variable(parity0),
-        dense=tf.Variable(dense0), dense_accum=tf.Variable(dense_accum0), replica=tf.Variable(dense_words),
-        step=tf.Variable(np.int64(2**32 - 2)), step_replica=tf.Variable(np.int64(2**32 - 2)),
-    )
+    v = {
+        "table": tf.Variable(table0), "accum": tf.Variable(accum0), "parity": tf.Variable(parity0),
+        "dense": tf.Variable(dense0), "dense_accum": tf.Variable(dense_accum0), "replica": tf.Variable(dense_words),
+        "step": tf.Variable(np.int64(2**32 - 2)), "step_replica": tf.Variable(np.int64(2**32 - 2)),
+    }
     ids = V1.placeholder(tf.int64, [None])
     grad = V1.placeholder(tf.float32, [None, DIM])
     dense_grad = V1.placeholder(tf.float32, [4, 3])
@@ -446,7 +446,7 @@ def test_commit_drops_the_entries_and_remembers_the_sid() -> None:
 def test_ordered_undo_refuses_to_jump_a_later_update_and_changes_nothing() -> None:
     graph = tf.Graph()
     with graph.as_default():
-        counter, other, log, sid, value, add, add_other = _counter_graph(_log_name())
+        counter, _other, log, sid, value, add, add_other = _counter_graph(_log_name())
         seq = V1.placeholder(tf.int64, [])
         target = V1.placeholder(tf.int32, [])
         undo = ec_ops.delta_log_undo(log, counter, seq, target)

@@ -153,7 +153,7 @@ def test_an_update_of_a_pending_row_is_refused_and_changes_nothing():
         sess.run(begin)
         sess.run(install)
         before = sess.run(value)
-        with pytest.raises(tf.errors.FailedPreconditionError, match="row 2 of .*var.* is not rebuilt yet"):
+        with pytest.raises(tf.errors.FailedPreconditionError, match=r"row 2 of .*var.* is not rebuilt yet"):
             sess.run(apply, {idx: [0, 2]})
         np.testing.assert_array_equal(sess.run(value), before)
         assert sess.run(pending)[0].size == 0, "a refused update logs nothing"

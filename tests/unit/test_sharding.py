@@ -12,7 +12,7 @@ from tf_ecrec.master.sharding import DatasetSpec
 
 
 def spec(**overrides) -> DatasetSpec:
-    values = dict(name="train", total_records=1000, shard_records=300, num_epochs=1)
+    values = {"name": "train", "total_records": 1000, "shard_records": 300, "num_epochs": 1}
     values.update(overrides)
     return DatasetSpec(**values)
 

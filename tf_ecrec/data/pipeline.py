@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +31,7 @@ from tf_ecrec.data.schema import NUM_CAT, NUM_DENSE
 from tf_ecrec.data.synthetic import SyntheticCriteo
 from tf_ecrec.errors import ConfigError
 
-Source = Union[SyntheticCriteo, CriteoFiles]
+Source = SyntheticCriteo | CriteoFiles
 
 # Graph collections holding, for the batch of the current step, the number of
 # records trained and of corrupt records skipped (scalar int tensors); progress

@@ -81,7 +81,8 @@ class StatusReceiver:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self._sock.bind((host, port))
-        self.address = "%s:%d" % self._sock.getsockname()
+        host, port = self._sock.getsockname()[:2]
+        self.address = f"{host}:{port}"
 
     def poll(self, timeout: float) -> list[dict[str, Any]]:
         """All datagrams that arrive within `timeout` seconds (at least one wait)."""
@@ -89,7 +90,7 @@ class StatusReceiver:
         out: list[dict[str, Any]] = []
         try:
             data = self._sock.recv(65536)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return out
         self._sock.setblocking(False)
         while True:

@@ -200,7 +200,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         # The batch of each step is a function of the global step, so a step a
         # failure cut is retried on the same records (see with_step_keyed_data).
         model_fn = with_step_keyed_data(model_fn, source, job.batch_size, params["table_sizes"])
-        input_fn = step_keyed_input_fn  # noqa: F811
+        input_fn = step_keyed_input_fn
 
     hooks: list[Any] = [
         ThroughputHook(

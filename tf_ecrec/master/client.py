@@ -94,8 +94,8 @@ class MasterClient:
         self.task_type = task_type
         self.task_index = task_index
         self._timeout = timeout
-        is_transient: Callable[[BaseException], bool] = (
-            lambda exc: isinstance(exc, MasterUnavailable))
+        def is_transient(exc: BaseException) -> bool:
+            return (isinstance(exc, MasterUnavailable))
         self._retry = (retry or Retry(max_tries=8, delay=0.1, max_delay=1.0,
                                       deadline=15.0)).replace(retry_if=is_transient)
         self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_KEY, token),) if token else ()

@@ -28,13 +28,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tf_ecrec.errors import (MasterUnavailable, MembershipLost, MembershipTimeout,
-                             StaleGenerationError)
+from tf_ecrec.errors import MasterUnavailable, MembershipLost, MembershipTimeout, StaleGenerationError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.replies import Cluster
 from tf_ecrec.master.state.tasks import TaskStatus
-from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
-                                      WatchCallback)
+from tf_ecrec.membership.base import Dispatcher, EventKind, Member, MembershipBackend, WatchCallback
 from tf_ecrec.retry import Retry
 
 _LOG = logging.getLogger(__name__)
@@ -183,7 +181,7 @@ class EmbeddedMembership(MembershipBackend):
         while not self._stop.wait(self._interval_s()):
             try:
                 self._tick()
-            except Exception:  # noqa: BLE001 - the thread must outlive bugs; report them.
+            except Exception:  # the thread must outlive bugs; report them.
                 _LOG.exception("Internal error in the membership thread")
 
     def _tick(self) -> None:

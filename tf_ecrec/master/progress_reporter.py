@@ -221,7 +221,7 @@ class ProgressSender:
                                          "%d: %s", update.lease.dataset, update.lease.shard_id,
                                          update.lease.attempt, exc)
                     self.dropped += 1
-                except Exception:  # noqa: BLE001 - keep the sender alive, report the bug.
+                except Exception:  # keep the sender alive, report the bug.
                     self._logger.exception("Internal error while sending shard progress")
                     backoff = True
                     break

@@ -116,7 +116,7 @@ class MasterHandle:
         for action in self._on_stop:
             try:
                 action()
-            except Exception:  # noqa: BLE001 - shutting down: log and go on.
+            except Exception:  # shutting down: log and go on.
                 _LOG.exception("Error while stopping the master")
         self.state.close()
         self._stopped.set()
@@ -220,7 +220,7 @@ def _reap(state: MasterState, stop_event: threading.Event) -> None:
     while not stop_event.wait(period):
         try:
             state.expire_silent()
-        except Exception:  # noqa: BLE001 - keep reaping; a bug is logged.
+        except Exception:  # keep reaping; a bug is logged.
             _LOG.exception("Internal error while expiring silent tasks")
 
 
@@ -273,7 +273,7 @@ def read_token(path: str, flag: str = "--token-file") -> str:
       ConfigError: the file cannot be read, or is empty.
     """
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             token = handle.read().strip()
     except OSError as exc:
         raise ConfigError(f"{flag} {path!r} cannot be read ({exc}); source: {flag}") from exc

@@ -31,7 +31,7 @@ import grpc
 from tf_ecrec import errors
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
-from tf_ecrec.master.sharding import DEFAULT_MAX_SHARD_FAILURES, DataStats, DatasetSpec, ShardStatus
+from tf_ecrec.master.sharding import DEFAULT_MAX_SHARD_FAILURES, DatasetSpec, DataStats, ShardStatus
 from tf_ecrec.master.state.master_state import MasterState
 from tf_ecrec.master.state.tasks import ClusterView
 from tf_ecrec.master.wire import ERROR_KEY, shard_status_pb, task_status_pb
@@ -55,7 +55,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def abort_with(context: grpc.ServicerContext, exc: errors.EcRecError) -> None:
     """Aborts the RPC with the status for ``exc``, naming its class in metadata."""
-    for cls, code in _STATUS:
+    for cls, code in _STATUS:  # noqa: B007 (code is read after the break)
         if isinstance(exc, cls):
             break
     else:
@@ -66,12 +66,12 @@ def abort_with(context: grpc.ServicerContext, exc: errors.EcRecError) -> None:
 
 def _rpc(method: F) -> F:
     @functools.wraps(method)
-    def wrapper(self: "MasterServicer", request: Any, context: grpc.ServicerContext) -> Any:
+    def wrapper(self: MasterServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except errors.EcRecError as exc:
             abort_with(context, exc)
-        except Exception as exc:  # noqa: BLE001 - the boundary: log and report INTERNAL.
+        except Exception as exc:  # the boundary: log and report INTERNAL.
             _LOG.exception("Internal error in %s", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {exc!r}")
         raise AssertionError("unreachable")  # pragma: no cover - abort raises.

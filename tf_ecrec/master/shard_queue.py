@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tf_ecrec.errors import InvalidRequestError, StaleGenerationError
-from tf_ecrec.master.sharding import DataStats, DatasetSpec, Lease, Piece
+from tf_ecrec.master.sharding import DatasetSpec, DataStats, Lease, Piece
 
 _RECENT_DONE_KEPT = 512       # Completed leases remembered for idempotent retries.
 _FAILED_IDS_REPORTED = 32     # Failed shard ids listed in DataStats.

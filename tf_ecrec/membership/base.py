@@ -250,6 +250,6 @@ class Dispatcher:
             for callback in callbacks:
                 try:
                     callback(event)
-                except Exception:  # noqa: BLE001 - a watcher's bug must not end the watch.
+                except Exception:  # a watcher's bug must not end the watch.
                     _LOG.exception("Membership watch callback %r failed on %s", callback,
                                    event.kind.value)

@@ -14,8 +14,7 @@ import threading
 from collections.abc import Callable
 
 from tf_ecrec.errors import MembershipError, MembershipTimeout
-from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
-                                      WatchCallback)
+from tf_ecrec.membership.base import Dispatcher, EventKind, Member, MembershipBackend, WatchCallback
 
 
 class FakeMembershipServer:
@@ -24,8 +23,8 @@ class FakeMembershipServer:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.members: dict[str, Member] = {}
-        self.owners: dict[str, "FakeMembership"] = {}
-        self.backends: list["FakeMembership"] = []
+        self.owners: dict[str, FakeMembership] = {}
+        self.backends: list[FakeMembership] = []
         self.reachable = True
 
     def check(self) -> None:

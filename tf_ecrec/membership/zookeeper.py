@@ -46,8 +46,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch
 
 from tf_ecrec.errors import ConfigError, MembershipError
-from tf_ecrec.membership.base import (Dispatcher, EventKind, Member, MembershipBackend,
-                                      WatchCallback)
+from tf_ecrec.membership.base import Dispatcher, EventKind, Member, MembershipBackend, WatchCallback
 from tf_ecrec.membership.zk_connection import ZkConnection, parse_zk_url
 from tf_ecrec.membership.zk_master_directory import ZkMasterDirectory
 
@@ -293,7 +292,7 @@ class ZooKeeperMembership(MembershipBackend):
             except (KazooException, ZookeeperError, MembershipError) as exc:
                 # Disconnected again: the next CONNECTED queues a refresh.
                 _LOG.info("ZooKeeper work deferred (%s: %s)", type(exc).__name__, exc)
-            except Exception:  # noqa: BLE001 - keep the worker alive; report the bug.
+            except Exception:  # keep the worker alive; report the bug.
                 _LOG.exception("Internal error in the ZooKeeper membership worker")
 
     def _refresh(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tf_ecrec.errors import InvalidRequestError, MasterError, NotFoundError
 from tf_ecrec.master.shard_queue import ShardQueue
-from tf_ecrec.master.sharding import DataStats, DatasetSpec, Lease, ShardStatus
+from tf_ecrec.master.sharding import DatasetSpec, DataStats, Lease, ShardStatus
 from tf_ecrec.master.state.tasks import TaskRecord
 
 

@@ -29,14 +29,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tf_ecrec.errors import (BarrierTimeout, InvalidRequestError, MasterError, MasterUnavailable,
-                             NotFoundError)
-from tf_ecrec.master.sharding import DataStats, DatasetSpec, Lease, ShardStatus
+from tf_ecrec.errors import BarrierTimeout, InvalidRequestError, MasterError, MasterUnavailable, NotFoundError
+from tf_ecrec.master.sharding import DatasetSpec, DataStats, Lease, ShardStatus
 from tf_ecrec.master.state.barriers import DEFAULT_BARRIER_TYPES, BarrierTable, check_request
 from tf_ecrec.master.state.datasets import DatasetTable
 from tf_ecrec.master.state.snapshot import SnapshotStore
-from tf_ecrec.master.state.tasks import (ClusterView, Liveness, TaskRecord, TaskStatus, TaskTable,
-                                         check_address, check_registration, parse_task_id)
+from tf_ecrec.master.state.tasks import (
+    ClusterView,
+    Liveness,
+    TaskRecord,
+    TaskStatus,
+    TaskTable,
+    check_address,
+    check_registration,
+    parse_task_id,
+)
 
 _LOG = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ class SnapshotStore:
           MasterError: the snapshot exists but cannot be read.
         """
         try:
-            with open(self.path, "r", encoding="utf-8") as handle:
+            with open(self.path, encoding="utf-8") as handle:
                 return json.load(handle)
         except FileNotFoundError:
             return None

@@ -26,8 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tf_ecrec.config import TASK_TYPES
-from tf_ecrec.errors import (InvalidRequestError, MembershipLost, NotFoundError,
-                             StaleGenerationError)
+from tf_ecrec.errors import InvalidRequestError, MembershipLost, NotFoundError, StaleGenerationError
 
 
 class TaskStatus(str, enum.Enum):
