@@ -107,6 +107,7 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         records = self._records if self._tensor is None else int(run_values.results)
+        assert isinstance(records, int)  # without a tensor (built in begin), records is the int count
         before = self._tracker.untracked_records
         for update in self._tracker.record_trained(records):
             self._sender.submit(update)

@@ -184,6 +184,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
             self._writer.flush()
 
     def _write(self, values: dict[str, float], step: int) -> None:
+        assert self._writer is not None  # callers write only with a summary writer
         summary = tf.compat.v1.Summary(
             value=[tf.compat.v1.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -44,7 +44,7 @@ class BackgroundRebuild:
     harness calls the steps itself, interleaved with trainers' ops.
     """
 
-    def __init__(self, rebuilder: Rebuilder, lost: Sequence[int]) -> None:
+    def __init__(self, rebuilder: Rebuilder, lost: Iterable[int]) -> None:
         self.lost = sorted(int(p) for p in lost)
         self._rebuilder = rebuilder
         lost_set = set(self.lost)

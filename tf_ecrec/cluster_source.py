@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tf_ecrec.errors import ConfigError
@@ -75,7 +75,7 @@ class FileClusterSource:
         return [a or None for a in ps]
 
 
-def write_cluster_file(path: str, cluster: dict[str, Sequence[str]]) -> None:
+def write_cluster_file(path: str, cluster: Mapping[str, Sequence[str]]) -> None:
     """Atomically replaces the cluster file `path` (readers never see half of it)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

@@ -150,6 +150,7 @@ class ClusterConfig:
                 )
             jobs[str(job)] = tuple(addresses)
         _validate(jobs, task_type, task_index, source=source)
+        assert isinstance(task_type, str)  # _validate checked it is a job of `jobs`
         version = tf_config.get("version", 0)
         if not isinstance(version, int) or version < 0:
             raise ConfigError(f"TF_CONFIG 'version' must be an integer >= 0, got {version!r}; source: {source}")

@@ -114,7 +114,7 @@ def gf_inv(a: int) -> int:
     return int(exp[(_GROUP - log[a]) % _GROUP])
 
 
-def mul_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def mul_arrays(a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray:
     """Elementwise product of two broadcastable integer arrays of field elements."""
     exp, log = _tables()
     a = np.asarray(a, dtype=np.int64)

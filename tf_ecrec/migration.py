@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import tensorflow as tf
 
@@ -185,7 +185,8 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             else:
                 if all(now) and list(now) != self._expected_ps:
                     _LOG.info("PS tasks moved from %s to %s", self._expected_ps, now)
-                    if self._retarget is None or not self._retarget_to(list(now)):
+                    # all(now) holds, so no address is None
+                    if self._retarget is None or not self._retarget_to(cast("list[str]", list(now))):
                         self._changed_to()
                         return
             self._stop.wait(self._poll_secs)

@@ -143,7 +143,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         if not pairs:
             raise ConfigError("ECOptimizer got no gradients; source: apply_gradients")
         colls = collections()
-        ec = self._ec or (current_context().ec if current_context() else None) or (colls[0].ec if colls else None)
+        ec = self._ec or (context.ec if (context := current_context()) else None) or (colls[0].ec if colls else None)
         if ec is None:
             raise ConfigError(
                 "ECOptimizer needs the erasure code: use it in a model_fn wrapped with tf_ecrec.ec_model_fn "
@@ -154,7 +154,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         owner = {v.op.name: (c, p) for c in colls for p, v in c.data.items()}
         step = global_step
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
-        generation = current_context().generation if current_context() is not None else 0
+        step_context = current_context()
+        generation = step_context.generation if step_context is not None else 0
         armed = failpoints.FailpointPlan.from_environ()  # the one read of the environment per step program
         with tf.name_scope(name or self._name):
             # A feedable step id: tests drive a step one op at a time with their own ids.
@@ -291,6 +292,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         if var.shape.rank == 0:
             raise ConfigError(f"ECOptimizer cannot protect the scalar variable {var.op.name}; source: the model")
         slots = self.variables.slots_for(var)
+        assert self._ec is not None  # apply_gradients set it
         replicas = self.replicas.get(var.op.name) or self.variables.replicas_for(var, slots, self._ec.r, _num_ps(var))
         primary = device_task(var.device)
         tid = self._target(var.op.name, primary, [var, *slots], TargetKind.DATA)
@@ -320,6 +322,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def _increment(self, global_step: tf.Variable, after: list[Any]) -> dict[int, Gated]:
         name = global_step.op.name
+        assert self._ec is not None  # apply_gradients set it
         if name not in self.replicas:
             self.variables.step_replicas(global_step, self._ec.r, _num_ps(global_step))
         replicas = self.replicas[name]

@@ -186,6 +186,7 @@ class RecoveryPlan:
             result = RecoveryResult(RecoveryMethod.NONE, [], background=bool(degraded))
             return self._done(result.settled(report), started, sess)
         if action is Action.RESTORE:
+            assert restore is not None  # decide() restores only when a checkpoint is offered
             restore()
             self.reconciler.discard(sess, self.reconciler_ps())
             self._reencode(sess)
@@ -218,6 +219,7 @@ class RecoveryPlan:
                 "Run with checkpoints (--checkpoint-steps/--checkpoint-secs) to survive this."
             )
         _LOG.warning("PS %s lost and %s: restoring every variable from the checkpoint", lost, reason)
+        assert restore is not None  # FALLBACK: decide() falls back only when a checkpoint is offered
         restore()
         self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
         laps.lap("restore")

@@ -81,8 +81,9 @@ def raising_ready_op(plan: RecoveryPlan) -> tf.Tensor:
         if missing.size == 0:
             state["since"] = None
             return missing
-        state["since"] = state["since"] or time.time()
-        if time.time() - state["since"] > READY_DEADLINE_SECS:
+        since = state["since"] or time.time()
+        state["since"] = since
+        if time.time() - since > READY_DEADLINE_SECS:
             raise RecoveryError(
                 f"the model was not ready within {READY_DEADLINE_SECS:.0f} s: {missing.size} variables are "
                 "not initialised; is the chief running?"

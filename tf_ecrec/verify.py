@@ -116,8 +116,8 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
             for lo, hi in live_cluster.row_slices(shape[0], row_bytes * (1 + len(reps)), budget):
                 idx = np.arange(lo, hi)
                 got = reader.read([(n, idx) for n in [name, *slots, *reps]])
-                expected = np_row_words(got[: 1 + len(slots)], hi - lo)
-                bad += [rep for rep, copy in zip(reps, got[1 + len(slots) :]) if not np.array_equal(copy, expected)]
+                words = np_row_words(got[: 1 + len(slots)], hi - lo)
+                bad += [rep for rep, copy in zip(reps, got[1 + len(slots) :]) if not np.array_equal(copy, words)]
         replicas += len(reps)
         for rep in dict.fromkeys(bad):
             replica_mismatches += 1

@@ -188,6 +188,7 @@ class LeasedData:
                 _LOG.info("%s: dataset %r finished", self.task, self.name)
                 return
             if reply.status is ShardStatus.SHARD:
+                assert reply.lease is not None  # a SHARD reply carries its lease
                 waiting_since = None
                 if incarnation != self._incarnation:  # abandoned while we asked
                     self._give_back([reply.lease], "it reached an abandoned input pipeline")

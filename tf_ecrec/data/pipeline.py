@@ -184,7 +184,7 @@ def with_data_accounting(model_fn: ModelFn) -> ModelFn:
     ``params``/``config`` it takes).
     """
 
-    def wrapped(features, labels, mode, params, config):  # type: ignore[no-untyped-def]
+    def wrapped(features, labels, mode, params, config):
         features = dict(features)
         corrupt = features.pop(CORRUPT_KEY, None)
         if mode == tf.estimator.ModeKeys.TRAIN and labels is not None:
@@ -210,7 +210,7 @@ def with_step_keyed_data(model_fn: ModelFn, source: Source, batch_size: int, tab
     """
     sizes = np.asarray(table_sizes, dtype=np.int64)
 
-    def read(step: np.ndarray) -> tuple[np.ndarray, ...]:
+    def read(step: np.ndarray) -> tuple[np.ndarray | np.int64, ...]:
         start = int(step) * batch_size
         if isinstance(source, CriteoFiles):
             lines = source.read_lines(start, start + batch_size)
@@ -218,7 +218,7 @@ def with_step_keyed_data(model_fn: ModelFn, source: Source, batch_size: int, tab
         b = source.read(start, start + batch_size)
         return b.dense, b.cat, b.label
 
-    def wrapped(features, labels, mode, params, config):  # type: ignore[no-untyped-def]
+    def wrapped(features, labels, mode, params, config):
         if mode != tf.estimator.ModeKeys.TRAIN:
             return model_fn(features=features, labels=labels, mode=mode, params=params, config=config)
         step = tf.compat.v1.train.get_global_step()

@@ -40,12 +40,14 @@ class FaultActions:
         """Kills what is due at the current global step and restarts what is due at `now`."""
         for fault in self._run.faults.due_kills(self._run.global_step):
             if fault.on_master:
+                assert self._run.master is not None  # a master fault needs the master (JobSpec checks it)
                 if not self._run.master.killed:
                     self._kill_master(fault)
             elif self._run.tasks[fault.task].killable:
                 self._kill(self._run.tasks[fault.task], fault, f"killed by --kill {fault.spec}")
         for fault in self._run.faults.due_restarts(now):
             if fault.on_master:
+                assert self._run.master is not None  # a master fault needs the master (JobSpec checks it)
                 if self._run.master.killed and self._run.master.poll() is not None:
                     self._run.master.start(wait=False)  # same port and state dir; clients retry meanwhile
                     self._run.faults.restarted(fault)

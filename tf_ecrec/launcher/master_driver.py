@@ -4,7 +4,10 @@
   ``waitpid``), or it left the master's view of live tasks (heartbeats
   stopped, or its ZooKeeper session ended) while its process still runs:
   after `LOST_GRACE_SECS` it is killed and restarted like a ``--kill``
-  (`FaultActions.lost`).
+  (`FaultActions.lost`). A trainer that reported "done" (its last step ran)
+  leaves the view on purpose and then exits, which can take seconds on a
+  loaded machine: it gets `DONE_EXIT_GRACE_SECS` to exit before it counts
+  as lost.
 - ``--add-worker step=N`` starts a pre-allocated worker slot at step N;
   ``--remove-worker worker:I@step=N`` sends SIGTERM: the worker finishes its
   step, flushes its progress and leaves (SIGKILL after `LEAVE_TIMEOUT_SECS`).
@@ -23,6 +26,7 @@ from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 from tf_ecrec.launcher.run_state import RunState
 
 LOST_GRACE_SECS = 3.0  # a task out of the master's view this long, process alive: restart it
+DONE_EXIT_GRACE_SECS = 30.0  # the same for a trainer that reported "done" and left the view
 LEAVE_TIMEOUT_SECS = 60.0  # --remove-worker: SIGKILL a worker that has not left by then
 FINAL_DATA_TIMEOUT_SECS = 60.0
 
@@ -61,7 +65,7 @@ class MasterDriver:
             task = self._run.tasks[name]
             if task.state is not TaskState.RUNNING:
                 del self._suspects[name]
-            elif now - since >= LOST_GRACE_SECS:
+            elif now - since >= (DONE_EXIT_GRACE_SECS if name in self._run.record.done_reports else LOST_GRACE_SECS):
                 del self._suspects[name]
                 if task.alive:
                     self._lost(task)

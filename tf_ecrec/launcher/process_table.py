@@ -200,10 +200,12 @@ class ProcessTable:
         for group in (self.trainers(), self.ps() + self.spares):
             for task in group:
                 if task.alive:
+                    assert task.process is not None  # alive: it has a process
                     task.process.terminate()
             deadline = time.time() + grace_secs
             for task in group:
                 if task.alive:
+                    assert task.process is not None  # alive: it has a process
                     try:
                         task.process.wait(max(0.1, deadline - time.time()))
                     except subprocess.TimeoutExpired:

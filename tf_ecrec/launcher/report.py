@@ -96,7 +96,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from tf_ecrec.launcher.events import Event
 
@@ -153,6 +153,7 @@ def recovery_entries(
         upto = resumed.t if resumed is not None else float("inf")
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
         failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") in ("build", "retarget") and e.t <= upto]
+        phases_event = background or recovered
         out.append(
             {
                 "task": kill.task,
@@ -168,7 +169,7 @@ def recovery_entries(
                 "address": moved.extra.get("new") if moved is not None else "same",
                 "failovers": len(failovers),
                 # The chief's profile of the recovery up to the trainers' resumption (RecoveryResult.phases).
-                "recovery_phases": ((background or recovered).extra.get("phases") or {}) if (background or recovered) else {},
+                "recovery_phases": (phases_event.extra.get("phases") or {}) if phases_event else {},
                 **_window(kill, recovered or resumed, timeline, t0, memory or {}, resumed=resumed),
             }
         )
@@ -318,7 +319,7 @@ def data_section(
         "finished": bool(data_state.finished),
         "corrupt_records": corrupt,
         "failures": [dict(f) for f in failures],
-        "records_in_flight_at_failures": None if None in in_flight else int(sum(in_flight)),
+        "records_in_flight_at_failures": None if None in in_flight else int(sum(cast("list[int]", in_flight))),
     }
 
 

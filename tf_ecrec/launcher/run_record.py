@@ -73,6 +73,7 @@ class RunRecord:
         self._memory_sampled = now
         for task in tasks:
             if task.alive:
+                assert task.process is not None  # alive: it has a process
                 mb = resident_mb(task.process.pid)
                 if mb is not None:
                     self.memory.setdefault(task.name, []).append((round(now - self.t0, 2), mb))

@@ -276,7 +276,7 @@ class JobSpec:
         if self.master_address is not None:
             m = _HOST_PORT.match(self.master_address)
             _check(
-                bool(m) and 0 < int(m["port"]) < 65536,
+                m is not None and 0 < int(m["port"]) < 65536,
                 f"--master {self.master_address!r} must be HOST:PORT of a running `tf-ecrec master`",
                 "--master",
             )

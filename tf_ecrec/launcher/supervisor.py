@@ -148,6 +148,7 @@ class Supervisor:
                         self._run.start_spare(f"127.0.0.1:{port}")
             self._loop()
             if self._run.watch is not None:
+                assert self._driver is not None  # _start_master made both
                 data_state = self._driver.final_data_state()
             digest = self._digest()
         except KeyboardInterrupt:

@@ -25,15 +25,15 @@ NAMED_ERRORS: dict[str, type[errors.EcRecError]] = {cls.__name__: cls for cls in
 
 _TASK_STATUS_PB = {TaskStatus.ALIVE: pb.ALIVE, TaskStatus.LOST: pb.LOST,
                    TaskStatus.LEFT: pb.LEFT}
-_TASK_STATUS_OF_PB = {code: status for status, code in _TASK_STATUS_PB.items()}
+_TASK_STATUS_OF_PB: dict[int, TaskStatus] = {code: status for status, code in _TASK_STATUS_PB.items()}
 _SHARD_STATUS_PB = {ShardStatus.SHARD: pb.GetShardResponse.SHARD,
                     ShardStatus.WAIT: pb.GetShardResponse.WAIT,
                     ShardStatus.END: pb.GetShardResponse.END,
                     ShardStatus.DRAIN: pb.GetShardResponse.DRAIN}
-_SHARD_STATUS_OF_PB = {code: status for status, code in _SHARD_STATUS_PB.items()}
+_SHARD_STATUS_OF_PB: dict[int, ShardStatus] = {code: status for status, code in _SHARD_STATUS_PB.items()}
 
 
-def task_status_pb(status: TaskStatus) -> int:
+def task_status_pb(status: TaskStatus) -> pb.TaskStatus:
     """The protobuf ``TaskStatus`` of a task's status."""
     return _TASK_STATUS_PB[status]
 
@@ -43,7 +43,7 @@ def task_status_of_pb(code: int) -> TaskStatus:
     return _TASK_STATUS_OF_PB.get(code, TaskStatus.UNKNOWN)
 
 
-def shard_status_pb(status: ShardStatus) -> int:
+def shard_status_pb(status: ShardStatus) -> pb.GetShardResponse.Status:
     """The protobuf ``GetShardResponse.Status`` of a shard request's outcome."""
     return _SHARD_STATUS_PB[status]
 

@@ -9,14 +9,14 @@ op library.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import tensorflow as tf
 
-VariableLike = tf.Variable | tf.Tensor
+VariableLike: TypeAlias = tf.Variable | tf.Tensor
 """A resource variable or its ``tf.resource`` handle."""
-FloatLike = float | tf.Tensor
-IntLike = int | tf.Tensor
+FloatLike: TypeAlias = float | tf.Tensor
+IntLike: TypeAlias = int | tf.Tensor
 
 
 def resource_handle(variable: VariableLike, what: str) -> tf.Tensor:

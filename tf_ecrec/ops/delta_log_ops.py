@@ -34,6 +34,7 @@ bits, a per-worker counter below), ``target`` (>= 0) names a variable group
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -95,7 +96,7 @@ def delta_log(shared_name: str = DEFAULT_DELTA_LOG_NAME, container: str = "", na
     return call_op("ec_rec_delta_log_handle", container=container, shared_name=shared_name, name=name)
 
 
-def call_log_op(op: str, log: tf.Tensor, name: str | None, **inputs: object) -> object:
+def call_log_op(op: str, log: tf.Tensor, name: str | None, **inputs: Any) -> Any:
     """Builds the op ``op`` on the delta log ``log`` (its first input) with its other ``inputs``."""
     return call_op(op, log=resource_handle(log, "log"), name=name, **inputs)
 
@@ -139,11 +140,14 @@ def assign_add_logged(
     if dtype is None:
         raise TypeError("`var` must be a resource variable (its dtype is needed)")
     dtype = tf.as_dtype(dtype).base_dtype
+    value_tensor = tf.convert_to_tensor(value, dtype=dtype, name="value")
+    logged = log_inputs(log, sid, target, bypass_fence, source=source)
+    assert logged is not None  # `log` is a handle, never None here
     return call_op(
         "ec_rec_assign_add_logged",
         var=handle,
-        value=tf.convert_to_tensor(value, dtype=dtype, name="value"),
-        **log_inputs(log, sid, target, bypass_fence, source=source),
+        value=value_tensor,
+        **logged,
         dedupe=bool(dedupe),
         name=name,
     )

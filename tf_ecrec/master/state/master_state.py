@@ -11,10 +11,9 @@ tasks, acknowledged progress stays.
 
 A task declared LOST (silent or absent past its deadline, see ``tasks``; its
 membership ended; reported failed) releases its leases as failed (their
-unacknowledged records are re-queued) and bumps ``version`` (and
-``ps_version`` for a PS).  Its later requests fail with
-:class:`~tf_ecrec.errors.MembershipLost`; it must register again and gets a
-new generation.
+unacknowledged records are re-queued) and bumps ``version`` (and ``ps_version``
+for a PS).  Its later requests fail with :class:`~tf_ecrec.errors.MembershipLost`;
+it must register again and gets a new generation.
 
 The lock is held while a snapshot is written (a few KB, no network) and is
 never held across an RPC; barrier waits release it.
