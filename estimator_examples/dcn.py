@@ -41,7 +41,6 @@ Installed, this module is ``tf_ecrec.examples.dcn``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -278,23 +277,12 @@ def make_estimator(run_config: tf.estimator.RunConfig, params: dict[str, Any]) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tf_ecrec.config import ClusterConfig
-    from tf_ecrec.data.criteo import CriteoFiles
-    from tf_ecrec.data.pipeline import StaticShards, make_dataset
-    from tf_ecrec.data.synthetic import SyntheticCriteo
+    from tf_ecrec.examples import script
 
-    parser = argparse.ArgumentParser(description="Train a Keras DCN with model_to_estimator under TF_CONFIG.")
-    parser.add_argument("--data", default="synthetic", help="synthetic or criteo:PATH[,PATH...]")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
+    parser = script.parser("Train a Keras DCN with model_to_estimator under TF_CONFIG.", OPTIMIZERS)
     parser.add_argument("--ec", default=None, help="erasure-code the tables with K+R (e.g. 2+1); default: plain tables")
     parser.add_argument("--table-rows", type=int, default=None, help="rows of every table (default 20000)")
-    parser.add_argument("--checkpoint-steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-
     params = default_params(
         optimizer=args.optimizer, ec=args.ec, table_sizes=[args.table_rows] * NUM_CAT if args.table_rows else None
     )
@@ -304,34 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tf_ecrec.ops import load_library
 
         load_library()
-    run_config = tf.estimator.RunConfig(
-        model_dir=args.model_dir,
-        tf_random_seed=args.seed,
-        save_checkpoints_steps=args.checkpoint_steps,
-        save_checkpoints_secs=None if args.checkpoint_steps else 600,
-    )
-    num_workers, worker_position = 1, 0
-    if run_config.cluster_spec:
-        cluster = ClusterConfig.from_environment()
-        server = tf.distribute.Server(
-            run_config.cluster_spec, job_name=run_config.task_type, task_index=run_config.task_id, start=True
-        )
-        if cluster.task_type == "ps":
-            server.join()
-            return 0
-        num_workers, worker_position = cluster.num_workers, cluster.worker_position
-    if args.data == "synthetic":
-        source: Any = SyntheticCriteo(params["table_sizes"], args.steps * args.batch_size, seed=args.seed)
-    elif args.data.startswith("criteo:"):
-        source = CriteoFiles(args.data[len("criteo:") :].split(","))
-    else:
-        raise ConfigError(f"--data must be synthetic or criteo:PATH, got {args.data!r}; source: --data")
-
-    def input_fn() -> tf.data.Dataset:
-        shards = StaticShards(source.num_records, 8 * args.batch_size, num_workers, worker_position)
-        return make_dataset(source, shards, args.batch_size, params["table_sizes"])
-
-    make_estimator(run_config, params).train(input_fn, max_steps=args.steps)
+    run_config = script.run_config(args)
+    position = script.serve_or_position(run_config)
+    if position is None:  # a PS, stopped
+        return 0
+    make_estimator(run_config, params).train(script.input_fn(args, params["table_sizes"], *position), max_steps=args.steps)
     return 0
 
 

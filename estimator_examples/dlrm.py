@@ -18,10 +18,7 @@ Installed, this module is ``tf_ecrec.examples.dlrm``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -173,53 +170,16 @@ def model_fn(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tf_ecrec.data.criteo import CriteoFiles
-    from tf_ecrec.data.pipeline import StaticShards, make_dataset
-    from tf_ecrec.data.synthetic import SyntheticCriteo
+    from tf_ecrec.examples import script
 
-    parser = argparse.ArgumentParser(description="Train DLRM with tf.estimator under TF_CONFIG.")
-    parser.add_argument("--data", default="synthetic", help="synthetic or criteo:PATH[,PATH...]")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
-    parser.add_argument("--checkpoint-steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
-    task = tf_config.get("task", {})
-    run_config = tf.estimator.RunConfig(
-        model_dir=args.model_dir,
-        tf_random_seed=args.seed,
-        save_checkpoints_steps=args.checkpoint_steps,
-        save_checkpoints_secs=None if args.checkpoint_steps else 600,
-    )
-    if run_config.cluster_spec:
-        server = tf.distribute.Server(
-            run_config.cluster_spec, job_name=run_config.task_type, task_index=run_config.task_id, start=True
-        )
-        if run_config.task_type == "ps":
-            server.join()
-            return 0
+    args = script.parser("Train DLRM with tf.estimator under TF_CONFIG.", OPTIMIZERS).parse_args(argv)
+    run_config = script.run_config(args)
+    position = script.serve_or_position(run_config)
+    if position is None:  # a PS, stopped
+        return 0
     params = default_params(optimizer=args.optimizer)
-    num_workers = run_config.num_worker_replicas or 1
-    # This worker's position among the training workers: the chief first, then worker 0, 1, ...
-    has_chief = bool(run_config.cluster_spec) and "chief" in run_config.cluster_spec.jobs
-    worker_index = 0 if task.get("type", "chief") == "chief" else int(task.get("index", 0)) + int(has_chief)
-    if args.data == "synthetic":
-        source: Any = SyntheticCriteo(params["table_sizes"], args.steps * args.batch_size, seed=args.seed)
-    elif args.data.startswith("criteo:"):
-        source = CriteoFiles(args.data[len("criteo:") :].split(","))
-    else:
-        raise ConfigError(f"--data must be synthetic or criteo:PATH, got {args.data!r}; source: --data")
-
-    def input_fn() -> tf.data.Dataset:
-        shards = StaticShards(source.num_records, 8 * args.batch_size, num_workers, worker_index)
-        return make_dataset(source, shards, args.batch_size, params["table_sizes"])
-
     estimator = tf.estimator.Estimator(model_fn=model_fn, params=params, config=run_config)
-    estimator.train(input_fn, max_steps=args.steps)
+    estimator.train(script.input_fn(args, params["table_sizes"], *position), max_steps=args.steps)
     return 0
 
 
