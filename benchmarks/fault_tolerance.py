@@ -27,9 +27,9 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
+
+import launched_job  # benchmarks/, beside this script
 
 PRESETS = {
     "none": ["--fault-tolerance", "none"],
@@ -52,14 +52,7 @@ def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str
     flags = PRESETS[name]
     if "ecrec" not in flags:
         flags = [*flags, "--storage", storage]
-    cmd = [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet", *common, *flags]
-    started = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed ({' '.join(cmd)}):\n{result.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
-        report = json.load(fh)
-    report["wall_seconds"] = time.time() - started
+    report = launched_job.run([*common, *flags], model_dir, name)
     print(f"  {name} #{index}: {report['samples_per_sec']:,.0f} samples/s", file=sys.stderr)
     return report
 

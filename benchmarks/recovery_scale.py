@@ -25,9 +25,9 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
+
+import launched_job  # benchmarks/, beside this script
 
 CONFIGS = {
     "ckpt-500": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "500"],
@@ -47,24 +47,18 @@ def table_gb(rows: int) -> float:
 def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
     model_dir = os.path.join(args.out, f"{config}-{rows}")
     shutil.rmtree(model_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet",
+    flags = [
         "--ps", str(args.ps), "--workers", str(args.workers), "--steps", str(args.steps),
         "--table-rows", str(rows), "--kill", f"ps:1@step={args.kill_step}", *CONFIGS[config], *args.extra,
     ]
-    started = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{config} at {rows} rows failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
-    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
-        report = json.load(fh)
+    report = launched_job.run(flags, model_dir, f"{config} at {rows} rows")
     rec = report["recovery"][0]
     memory = report.get("memory", {})
     row = {
         "config": config,
         "rows_per_table": rows,
         "table_gb": round(table_gb(rows), 3),
-        "wall_seconds": round(time.time() - started, 1),
+        "wall_seconds": round(report["wall_seconds"], 1),
         "samples_per_sec": report["samples_per_sec"],
         "steps_rolled_back": rec["steps_rolled_back"],
         "seconds_to_resume": rec["seconds_to_resume"],

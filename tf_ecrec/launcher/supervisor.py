@@ -48,19 +48,7 @@ Its parts, each a module of `tf_ecrec.launcher`: ``ports``, ``process_table``
 ``run_record`` (events and the report), ``console``; ``run_state`` is what
 they share.
 
-Events (the report's ``events``):
-
-- ``start``/``kill``/``restart``/``exit``: the supervisor's own actions and
-  observations on processes (task ``master`` for the job master);
-- ``lost``: the master's view lost a task whose process still ran;
-- ``add``/``remove``: elastic workers started and asked to leave;
-- ``session``: a task (re)created its training session, at ``global_step``;
-- ``recovered``: the chief rebuilt lost variables (``method``, ``lost_ps``,
-  ``bytes_rebuilt``, ``rebuild_seconds``, ``phases``);
-- ``rebuilding``: the chief let trainers resume while it installs the lost
-  rows in the background (``lost_ps``, ``seconds``, ``phases``);
-- ``resumed``: the first step completed after a kill;
-- ``regained``: the global step is back at the step of the kill.
+The report's ``events`` and what each carries: `tf_ecrec.launcher.events`.
 """
 
 from __future__ import annotations
