@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from tf_ecrec.errors import ConfigError, EcRecError
+from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, values
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,13 +49,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-dir", required=True, help="checkpoints, logs, job spec, manifest")
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     p.add_argument("--deterministic", action="store_true", help="one worker, fixed order, deterministic ops")
-    p.add_argument("--fault-tolerance", default="checkpoint", choices=("none", "checkpoint", "ecrec"))
+    p.add_argument("--fault-tolerance", default="checkpoint", choices=values(FaultTolerance))
     p.add_argument("--ec", default="2+1", metavar="K+R",
                    help="erasure code for --fault-tolerance ecrec (and the layout of --storage collection)")
     p.add_argument(
         "--storage",
         default=None,
-        choices=("partitioned", "collection"),
+        choices=values(Storage),
         help="embedding tables as partitioned variables (stock; the default without ecrec) or as the "
         "collection ecrec protects (the default with ecrec): run none/checkpoint with --storage collection "
         "to compare against ecrec on the same variables",
@@ -73,7 +74,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--restart-at",
         default="same",
-        choices=("same", "new-port"),
+        choices=values(RestartAt),
         help="where a killed or crashed PS comes back: its old address, or a new port that every trainer "
         "follows by rebuilding TF_CONFIG, RunConfig, Estimator and session in process",
     )
@@ -111,11 +112,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "1-hour deadline, whatever the model's size",
     )
     p.add_argument("--report", default=None, help="report path (default MODEL_DIR/report.json)")
-    p.add_argument("--optimizer", default="adagrad", choices=("adagrad", "sgd", "adam", "ftrl"))
+    p.add_argument("--optimizer", default="adagrad", choices=values(Optimizer))
     p.add_argument("--learning-rate", type=float, default=0.05)
     p.add_argument("--table-rows", type=int, default=20000, help="rows of each of the 26 tables")
     p.add_argument("--embedding-dim", type=int, default=16)
-    p.add_argument("--on-corrupt", default="skip", choices=("skip", "fail"), help="corrupt Criteo lines")
+    p.add_argument("--on-corrupt", default="skip", choices=values(OnCorrupt), help="corrupt Criteo lines")
     p.add_argument("--shard-batches", type=int, default=8, help="batches per data shard")
     p.add_argument("--base-port", type=int, default=0, help="first port (consecutive); 0 picks free ports")
     p.add_argument("--quiet", action="store_true", help="no live progress line")

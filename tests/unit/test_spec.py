@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from tf_ecrec.errors import ConfigError
@@ -51,6 +53,19 @@ def test_table_storage_defaults_to_the_collection_under_ecrec_only_and_takes_the
     assert JobSpec(fault_tolerance="ecrec").table_storage == "collection"
     assert JobSpec(fault_tolerance="none").table_storage == "partitioned"
     assert JobSpec(fault_tolerance="checkpoint", storage="collection", ec="4+1", ps=5).table_storage == "collection"
+
+
+def test_flag_spellings_become_enum_members_and_go_back_to_job_json_as_spellings():
+    from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage
+
+    job = JobSpec(fault_tolerance="ecrec", optimizer="ftrl", restart_at="new-port", on_corrupt="fail")
+    assert job.fault_tolerance is FaultTolerance.ECREC and job.optimizer is Optimizer.FTRL
+    assert job.restart_at is RestartAt.NEW_PORT and job.on_corrupt is OnCorrupt.FAIL
+    assert job.table_storage is Storage.COLLECTION
+    data = job.to_json()
+    assert [type(data[k]) for k in ("fault_tolerance", "optimizer", "restart_at", "on_corrupt")] == [str] * 4
+    assert (data["fault_tolerance"], data["restart_at"]) == ("ecrec", "new-port")
+    assert JobSpec.from_json(json.loads(json.dumps(data))) == job
 
 
 def test_checkpoint_interval_maps_to_run_config_arguments():

@@ -26,6 +26,7 @@ from tf_ecrec.launcher.faults import Fault
 from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 from tf_ecrec.launcher.run_state import RunState
+from tf_ecrec.launcher.spec import RestartAt
 
 MAX_LOST_RESTARTS = 3
 
@@ -56,7 +57,7 @@ class FaultActions:
                 continue
             task = self._run.tasks[fault.task]
             if task.state is TaskState.KILLED:
-                if task.cluster.task_type == "ps" and self._run.job.restart_at == "new-port":
+                if task.cluster.task_type == "ps" and self._run.job.restart_at is RestartAt.NEW_PORT:
                     self._move(task)
                 self._run.start(task, kind=EventKind.RESTART)
                 self._run.faults.restarted(fault)
@@ -87,7 +88,7 @@ class FaultActions:
         self._run.faults.hit(fault, self._run.global_step)
         self._run.event(kind, task.name, **extra)
         self._run.console.print(message)
-        if task.cluster.task_type == "ps" and not self._take_over(task, fault) and self._run.job.restart_at == "new-port":
+        if task.cluster.task_type == "ps" and not self._take_over(task, fault) and self._run.job.restart_at is RestartAt.NEW_PORT:
             self._run.write_cluster_file(down=task.name)  # listed as down until it restarts at its new port
 
     def _kill_master(self, fault: Fault) -> None:

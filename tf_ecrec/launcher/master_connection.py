@@ -33,7 +33,7 @@ from typing import Any
 
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.spec import FaultTolerance, JobSpec
 
 _LOG = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class MasterConnection:
         if self.cluster.is_chief and self._saves_checkpoints():
             from tf_ecrec.hooks.shard_rollback import ShardRollbackHook
 
-            restored = self._restored_checkpoint if self.job.fault_tolerance == "ecrec" else None
+            restored = self._restored_checkpoint if self.job.fault_tolerance is FaultTolerance.ECREC else None
             self._rollback = ShardRollbackHook(self.client, DATASET, self.job.model_dir, restored=restored)
             hooks.append(self._rollback)
         return hooks

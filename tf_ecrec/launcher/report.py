@@ -271,7 +271,7 @@ def build_report(
     warmup_step = max(1, min(200, job.steps // 10))
     steady, effective = steady_rates(timeline, events, t0, warmup_step)
     final_step = max([int(r.get("step", 0)) for r in done_reports.values()] + [0])
-    recovery = recovery_entries(events, job.fault_tolerance, timeline, t0, memory)
+    recovery = recovery_entries(events, job.fault_tolerance.value, timeline, t0, memory)
     for entry in recovery:
         rate = entry.get("samples_per_sec_in_window")
         entry["throughput_in_window"] = None if rate is None or steady <= 0 else round(rate / steady, 3)

@@ -9,18 +9,29 @@ starts.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage
 from tf_ecrec.launcher.kill_spec import KillSpec
 
 MODELS = ("dlrm", "dcn")
-FAULT_TOLERANCE = ("none", "checkpoint", "ecrec")
-STORAGE = ("partitioned", "collection")
-RESTART_AT = ("same", "new-port")
-OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _member(kind: type[_E], value: Any, flag: str) -> _E:
+    """`value` (a member or its flag spelling) as a member of `kind`; ConfigError naming `flag` otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = tuple(m.value for m in kind)
+        raise ConfigError(f"{flag} {value!r} is not one of {allowed}; source: {flag}") from None
+
 _HOST_PORT = re.compile(r"^[^\s:/]+:(?P<port>\d{1,5})$")
 
 ENV_SPARE_ADDRESS = "TF_ECREC_SPARE_ADDRESS"
@@ -90,21 +101,21 @@ class JobSpec:
     model_dir: str = "/tmp/tf_ecrec_run"
     seed: int = 0
     deterministic: bool = False
-    fault_tolerance: str = "checkpoint"
+    fault_tolerance: FaultTolerance = FaultTolerance.CHECKPOINT
     checkpoint_steps: int | None = None
     checkpoint_secs: float | None = None
     ec: str = "2+1"
-    storage: str | None = None
+    storage: Storage | None = None
     kills: tuple[KillSpec, ...] = ()
     report: str | None = None
-    optimizer: str = "adagrad"
+    optimizer: Optimizer = Optimizer.ADAGRAD
     table_rows: int = 20000
     embedding_dim: int = 16
     learning_rate: float = 0.05
-    on_corrupt: str = "skip"
+    on_corrupt: OnCorrupt = OnCorrupt.SKIP
     shard_batches: int = 8
     restart_delay: float = 2.0
-    restart_at: str = "same"
+    restart_at: RestartAt = RestartAt.SAME
     spare_ps: int = 0
     rebuild_slice_mb: float = 16.0
     rebuild_share: float = 1.0
@@ -122,6 +133,13 @@ class JobSpec:
         object.__setattr__(self, "kills", tuple(self.kills))
         object.__setattr__(self, "add_workers", tuple(sorted(self.add_workers)))
         object.__setattr__(self, "removes", tuple(self.removes))
+        # Flag spellings (the command line, job.json) become members; an unknown one is refused here.
+        object.__setattr__(self, "fault_tolerance", _member(FaultTolerance, self.fault_tolerance, "--fault-tolerance"))
+        if self.storage is not None:
+            object.__setattr__(self, "storage", _member(Storage, self.storage, "--storage"))
+        object.__setattr__(self, "optimizer", _member(Optimizer, self.optimizer, "--optimizer"))
+        object.__setattr__(self, "on_corrupt", _member(OnCorrupt, self.on_corrupt, "--on-corrupt"))
+        object.__setattr__(self, "restart_at", _member(RestartAt, self.restart_at, "--restart-at"))
         self.validate()
 
     # ---- rules ---------------------------------------------------------------------------
@@ -141,15 +159,8 @@ class JobSpec:
         _check(self.table_rows >= 1, f"--table-rows {self.table_rows} must be >= 1", "--table-rows")
         _check(self.embedding_dim >= 1, f"--embedding-dim {self.embedding_dim} must be >= 1", "--embedding-dim")
         _check(self.learning_rate > 0, f"--learning-rate {self.learning_rate} must be > 0", "--learning-rate")
-        _check(self.optimizer in OPTIMIZERS, f"--optimizer {self.optimizer!r} is not one of {OPTIMIZERS}", "--optimizer")
-        _check(self.on_corrupt in ("skip", "fail"), f"--on-corrupt {self.on_corrupt!r} must be skip or fail", "--on-corrupt")
         _check(self.shard_batches >= 1, f"--shard-batches {self.shard_batches} must be >= 1", "--shard-batches")
         _check(self.restart_delay >= 0, f"--restart-delay {self.restart_delay} must be >= 0", "--restart-delay")
-        _check(
-            self.restart_at in RESTART_AT,
-            f"--restart-at {self.restart_at!r} is not one of {RESTART_AT}",
-            "--restart-at",
-        )
         _check(
             isinstance(self.spare_ps, int) and not isinstance(self.spare_ps, bool) and self.spare_ps >= 0,
             f"--spare-ps {self.spare_ps!r} must be an integer >= 0",
@@ -159,17 +170,12 @@ class JobSpec:
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
         _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
-        _check(
-            self.fault_tolerance in FAULT_TOLERANCE,
-            f"--fault-tolerance {self.fault_tolerance!r} is not one of {FAULT_TOLERANCE}",
-            "--fault-tolerance",
-        )
         if self.checkpoint_steps is not None and self.checkpoint_secs is not None:
             raise ConfigError(
                 "--checkpoint-steps and --checkpoint-secs were both given; choose one interval; "
                 "source: --checkpoint-steps/--checkpoint-secs"
             )
-        if self.fault_tolerance == "none" and (self.checkpoint_steps or self.checkpoint_secs):
+        if self.fault_tolerance is FaultTolerance.NONE and (self.checkpoint_steps or self.checkpoint_secs):
             raise ConfigError(
                 "a checkpoint interval was given with --fault-tolerance none; intervals apply to checkpoint "
                 "(the only protection) and ecrec (the fallback beyond r lost PS); source: --checkpoint-steps/--checkpoint-secs"
@@ -179,27 +185,22 @@ class JobSpec:
         if self.checkpoint_secs is not None:
             _check(self.checkpoint_secs > 0, f"--checkpoint-secs {self.checkpoint_secs} must be > 0", "--checkpoint-secs")
         _check(
-            self.storage is None or self.storage in STORAGE,
-            f"--storage {self.storage!r} is not one of {STORAGE}",
-            "--storage",
-        )
-        _check(
-            not (self.fault_tolerance == "ecrec" and self.storage == "partitioned"),
+            not (self.fault_tolerance is FaultTolerance.ECREC and self.storage is Storage.PARTITIONED),
             "--storage partitioned with --fault-tolerance ecrec: ecrec protects the collection storage only",
             "--storage",
         )
         _check(
-            self.table_storage == "partitioned" or self.fault_tolerance == "ecrec" or self.model == "dlrm",
+            self.table_storage is Storage.PARTITIONED or self.fault_tolerance is FaultTolerance.ECREC or self.model == "dlrm",
             f"--storage collection without ecrec is built for --model dlrm only, not {self.model!r}",
             "--storage",
         )
-        if self.table_storage == "collection":
+        if self.table_storage is Storage.COLLECTION:
             from tf_ecrec.ec_config import ECConfig
 
             ECConfig.parse(self.ec).check_cluster(self.ps)
         elif self.ec != "2+1":
             raise ConfigError(
-                f"--ec {self.ec} was given with --fault-tolerance {self.fault_tolerance} and partitioned tables; the "
+                f"--ec {self.ec} was given with --fault-tolerance {self.fault_tolerance.value} and partitioned tables; the "
                 "code applies to --fault-tolerance ecrec and to --storage collection (its layout) only; source: --ec"
             )
         if self.deterministic:
@@ -227,11 +228,11 @@ class JobSpec:
         self._validate_elastic()
 
     @property
-    def table_storage(self) -> str:
+    def table_storage(self) -> Storage:
         """``storage``, or its default for the fault tolerance."""
         if self.storage is not None:
             return self.storage
-        return "collection" if self.fault_tolerance == "ecrec" else "partitioned"
+        return Storage.COLLECTION if self.fault_tolerance is FaultTolerance.ECREC else Storage.PARTITIONED
 
     def _check_task_exists(self, spec: KillSpec, flag: str) -> None:
         slots = self.worker_slots
@@ -328,7 +329,7 @@ class JobSpec:
             return {"save_checkpoints_secs": self.checkpoint_secs, "save_checkpoints_steps": None}
         if self.checkpoint_steps is not None:
             return {"save_checkpoints_steps": self.checkpoint_steps, "save_checkpoints_secs": None}
-        if self.fault_tolerance == "checkpoint":
+        if self.fault_tolerance is FaultTolerance.CHECKPOINT:
             return {"save_checkpoints_steps": 1000, "save_checkpoints_secs": None}
         # ecrec without an interval: no checkpoints, so no fallback beyond r lost PS.
         return {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
@@ -361,7 +362,7 @@ class JobSpec:
         return self.data[len("criteo:") :].split(",") if self.data.startswith("criteo:") else []
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {k: v.value if isinstance(v, enum.Enum) else v for k, v in dataclasses.asdict(self).items()}
         out["kills"] = [str(k) for k in self.kills]
         out["removes"] = [str(k) for k in self.removes]
         out["add_workers"] = list(self.add_workers)

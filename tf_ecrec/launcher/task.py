@@ -34,7 +34,7 @@ from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
 from tf_ecrec.ps_session import fast_reconnect, own_server
 
@@ -52,9 +52,9 @@ def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
         table_sizes=[job.table_rows] * 26,
         embedding_dim=d,
         bottom_mlp=[64, d],
-        optimizer=job.optimizer,
+        optimizer=job.optimizer.value,
         learning_rate=job.learning_rate,
-        storage=job.table_storage,
+        storage=job.table_storage.value,
         storage_code=job.ec,
     )
 
@@ -65,7 +65,7 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 
     if job.data == "synthetic":
         return SyntheticCriteo(params["table_sizes"], job.steps * job.batch_size, seed=job.seed)
-    return CriteoFiles(job.criteo_paths, on_corrupt=job.on_corrupt)
+    return CriteoFiles(job.criteo_paths, on_corrupt=job.on_corrupt.value)
 
 
 def start_server(cluster: ClusterConfig) -> Any:
@@ -164,7 +164,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     module = importlib.import_module(MODEL_MODULES[job.model])
     params = model_params(job, module)
     model_fn = module.model_fn
-    if job.fault_tolerance == "ecrec":
+    if job.fault_tolerance is FaultTolerance.ECREC:
         from tf_ecrec.ec_config import ECConfig
         from tf_ecrec.model_fn import ec_model_fn
 
@@ -223,7 +223,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
                 session_config=session_config,
                 **job.checkpoint_interval,
             )
-        if job.fault_tolerance == "ecrec":
+        if job.fault_tolerance is FaultTolerance.ECREC:
             from tf_ecrec.device import ECDeviceFn
 
             run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
@@ -264,7 +264,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-    if job.fault_tolerance == "ecrec":
+    if job.fault_tolerance is FaultTolerance.ECREC:
         # Every process that executes our ops needs their kernels registered:
         # the PS tasks run the delta and parity ops of the training graph.
         from tf_ecrec.ops import load_library
