@@ -51,8 +51,8 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
 
     import tf_ecrec
     from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
-    from tf_ecrec.recovery import RecoveryPlan
-    from tf_ecrec.recovery_graph import WHOLE_MARKERS
+    from tf_ecrec.recovery.graph import WHOLE_MARKERS
+    from tf_ecrec.recovery.plan import RecoveryPlan
 
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -116,7 +116,7 @@ def main() -> int:
     chief = tf.distribute.Server(spec, job_name="chief", task_index=0, start=True)
     results = []
     try:
-        from tf_ecrec import background_rebuild
+        from tf_ecrec.rebuild import background as background_rebuild
 
         modes = [("sync", 1)] + [("background", int(w)) for w in args.walkers.split(",")]
         for slice_mb in (int(x) for x in args.slice_mb.split(",")):

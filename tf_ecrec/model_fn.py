@@ -28,10 +28,10 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import EC_PROTECTION, ECOptimizer
-from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES
-from tf_ecrec.recovery import READY_WAIT_SECS, RecoveryPlan
-from tf_ecrec.recovery_result import Listener
-from tf_ecrec.recovery_scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
+from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
+from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
+from tf_ecrec.recovery.result import Listener
+from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
 from tf_ecrec.steplog import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]

@@ -17,7 +17,7 @@ between any two ops:
 * the cluster generation is raised (a PS moved): trainers still on the old
   generation keep trying to train;
 * with ``background=True``, a recovery rebuilds the lost table rows while the
-  workers go on (`tf_ecrec.rebuild.BackgroundRebuild`): the harness installs
+  workers go on (`tf_ecrec.rebuild.background.BackgroundRebuild`): the harness installs
   the walk's slices one at a time between any two ops, and a worker's step
   whose lookups wait for pending rows runs on a thread while the harness
   installs what those lookups ask for (the chief's "wanted" loop); kills,
@@ -49,9 +49,9 @@ import tf_ecrec
 from tf_ecrec import codec
 from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import RecoveryPlan
-from tf_ecrec.recovery_graph import WHOLE_MARKERS
-from tf_ecrec.recovery_scaffold import raising_ready_op
+from tf_ecrec.recovery.graph import WHOLE_MARKERS
+from tf_ecrec.recovery.plan import RecoveryPlan
+from tf_ecrec.recovery.scaffold import raising_ready_op
 from tf_ecrec.step_program import TargetKind
 from tf_ecrec.steplog import GENERATION_SHIFT
 from tf_ecrec.verify import check_parity

@@ -29,7 +29,9 @@ import tensorflow as tf
 from harness import fault_schedule
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec import rebuild, rebuild_stripes, steplog
+from tf_ecrec import steplog
+from tf_ecrec.rebuild.rebuilder import Rebuilder
+from tf_ecrec.rebuild.stripes import CollectionRebuild
 
 cluster = tf_cluster(num_ps=4)
 
@@ -94,7 +96,7 @@ def test_the_oracle_catches_a_broken_protocol(cluster, broken):
     assert stats.violations, "the harness found nothing wrong with a protocol that corrupts"
 
 
-class _DecodeFromCurrentWords(rebuild_stripes.CollectionRebuild):
+class _DecodeFromCurrentWords(CollectionRebuild):
     """A rebuild that ignores the survivors' preservation: it decodes from their words as they are now, which
     includes the updates of steps whose folds have not reached parity yet."""
 
@@ -104,7 +106,7 @@ class _DecodeFromCurrentWords(rebuild_stripes.CollectionRebuild):
         return tf.concat(parts, axis=1, name=name)
 
 
-class _NoPreserveRebuilder(rebuild.Rebuilder):
+class _NoPreserveRebuilder(Rebuilder):
     collection_rebuild = _DecodeFromCurrentWords
 
 

@@ -18,11 +18,11 @@ from tensorflow.python.training.saving import saveable_object
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 import tf_ecrec
-from tf_ecrec.deadline_session import LongDeadlineSaver
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import RecoveryPlan
-from tf_ecrec.recovery_scaffold import ECSaver
+from tf_ecrec.recovery.deadline_session import LongDeadlineSaver
+from tf_ecrec.recovery.plan import RecoveryPlan
+from tf_ecrec.recovery.scaffold import ECSaver
 from tf_ecrec.verify import check_parity
 
 
@@ -146,7 +146,7 @@ def test_a_fresh_start_cut_mid_initialisation_is_initialised_again_not_taken_for
 def test_a_fresh_start_initialises_in_bounded_batches_and_encodes_parity_from_the_data(cluster, tmp_path, monkeypatch):  # noqa: F811
     """No session call initialises more than INIT_BATCH_BYTES (plus one variable); parity and replicas come
     from the sliced re-encode, bit-exact, and padding rows are exact zeros."""
-    import tf_ecrec.recovery_graph as recovery_graph
+    import tf_ecrec.recovery.graph as recovery_graph
 
     monkeypatch.setattr(recovery_graph, "INIT_BATCH_BYTES", 2048)
     graph, _ids, _train, opt, _, _init, variables = _build(cluster)

@@ -13,8 +13,8 @@ import threading
 import pytest
 import tensorflow as tf
 
-from tf_ecrec.recovery_result import RecoveryMethod
-from tf_ecrec.recovery_scaffold import SettleAtEndHook, StaleStepSettlerHook
+from tf_ecrec.recovery.result import RecoveryMethod
+from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook
 from tf_ecrec.steplog import SettleReport
 
 

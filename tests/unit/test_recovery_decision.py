@@ -1,11 +1,11 @@
-"""The recovery decision table (`tf_ecrec.recovery_decision`), on plain values, and the loss rule it uses."""
+"""The recovery decision table (`tf_ecrec.recovery.decision`), on plain values, and the loss rule it uses."""
 
 from __future__ import annotations
 
 import pytest
 
 from tf_ecrec.placement import plan
-from tf_ecrec.recovery_decision import Action, decide, unrecoverable_reason
+from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
 
 TOO_MUCH = "stripe 0 of 'emb' lost 2 chunks and the code 2+1 rebuilds 1"
 

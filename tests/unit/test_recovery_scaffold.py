@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_ecrec.recovery_scaffold import ECSaver, scaffold_for
+from tf_ecrec.recovery.scaffold import ECSaver, scaffold_for
 
 
 class _FakePlan:

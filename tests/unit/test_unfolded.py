@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tf_ecrec
 from tf_ecrec.embedding import EC_CONTEXT, ECContext
-from tf_ecrec.recovery import RecoveryPlan
+from tf_ecrec.recovery.plan import RecoveryPlan
 
 LIMIT = 1 << 20  # bytes: anything larger must be made when its op runs
 

@@ -78,7 +78,7 @@ class JobSpec:
       a rebuild (`tf_ecrec.rebuild`): it bounds the rebuild's buffers on
       every PS; smaller slices interleave more finely with training.
     - ``rebuild_share``: the fraction of the time a background rebuild
-      walks its slices (`tf_ecrec.rebuild.BackgroundRebuild`); below 1 it
+      walks its slices (`tf_ecrec.rebuild.background.BackgroundRebuild`); below 1 it
       pauses between slices and leaves the machine to training.
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no

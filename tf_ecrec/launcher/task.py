@@ -176,7 +176,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
                                rebuild_share=job.rebuild_share)
     else:
-        from tf_ecrec.deadline_session import long_deadline_model_fn
+        from tf_ecrec.recovery.deadline_session import long_deadline_model_fn
 
         # Initialisation, checkpoint saves and restores of a large model outlast the session timeout.
         model_fn = long_deadline_model_fn(model_fn)

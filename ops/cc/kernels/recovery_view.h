@@ -1,5 +1,5 @@
 // RecoveryView: what a PS process keeps while a lost PS is rebuilt with
-// training going on (tf_ecrec/rebuild.py, docs/rebuild.md). Every DeltaLog
+// training going on (tf_ecrec/rebuild/, docs/rebuild.md). Every DeltaLog
 // holds one (`DeltaLog::view()`), so every logged op reaches it.
 //
 // The rebuild decodes the lost rows from the state the survivors had at T0,

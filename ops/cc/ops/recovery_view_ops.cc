@@ -1,5 +1,5 @@
 // Ops of the rebuild that runs while training goes on (recovery_view.h,
-// tf_ecrec/rebuild.py): pending rows on the rebuilt PS, preserved rows on the
+// tf_ecrec/rebuild/): pending rows on the rebuilt PS, preserved rows on the
 // survivors. `log` is the process's EcRecDeltaLog (EcRec>DeltaLogHandle),
 // which holds the view; `var` names a variable group by its first variable.
 

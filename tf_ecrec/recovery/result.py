@@ -32,7 +32,7 @@ class RecoveryResult:
     Attributes:
       method: what was done (`RecoveryMethod`; its values are the report's strings).
       background: for "parity": the table rows are installed in the
-        background while training goes on (`tf_ecrec.rebuild.BackgroundRebuild`);
+        background while training goes on (`tf_ecrec.rebuild.background.BackgroundRebuild`);
         a "rebuilt" result follows.
       lost_ps: PS tasks whose variables were missing.
       variables_rebuilt: how many variables were written.

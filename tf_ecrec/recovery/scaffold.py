@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
-from tf_ecrec.recovery_result import RecoveryMethod, RecoveryResult
+from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver
+from tf_ecrec.recovery.plan import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
+from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
 
 _LOG = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The rebuild of lost PS tasks that runs while training goes on (docs/rebuild.md).
 
-`tf_ecrec.rebuild.Rebuilder.begin_background` does the T0 part (lost
+`tf_ecrec.rebuild.rebuilder.Rebuilder.begin_background` does the T0 part (lost
 variables allocated, rows pending, survivors preserving) and returns a
 `BackgroundRebuild`, whose loops install every pending row.
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tf_ecrec.rebuild_stripes import RebuildStats
+from tf_ecrec.rebuild.stripes import RebuildStats
 
 if TYPE_CHECKING:
-    from tf_ecrec.rebuild import Rebuilder
+    from tf_ecrec.rebuild.rebuilder import Rebuilder
 
 _LOG = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Built once, before the graph is finalized, generic in which chunks are lost:
 read mask and the decoding coefficients (`tf_ecrec.codec.decoding_coefficients`)
 the ops take, and `run` walks the chunks' rows slice by slice.  The
 background variants (decode from the survivors' T0 words, install only rows
-still pending) are what `tf_ecrec.background_rebuild` runs.
+still pending) are what `tf_ecrec.rebuild.background` runs.
 """
 
 from __future__ import annotations

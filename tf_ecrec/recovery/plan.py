@@ -7,18 +7,18 @@ The seam (DESIGN.md section 2): when a PS dies, every worker's step fails and
 ``init_fn``.  `ec_model_fn` hands the Estimator a Scaffold whose saver
 (`ECSaver`), ``init_op`` (a no-op) and ``init_fn`` all lead here, to
 `RecoveryPlan.prepare`, which inspects what is initialised on the PS tasks,
-asks `tf_ecrec.recovery_decision.decide` what to do (the decision table is
+asks `tf_ecrec.recovery.decision.decide` what to do (the decision table is
 that module's docstring) and does it.
 
 Initialisation, rebuild, restore and checkpoint saves run with
-`LONG_OP_TIMEOUT_MS` as their deadline (`tf_ecrec.deadline_session`), not the session's operation timeout.
+`LONG_OP_TIMEOUT_MS` as their deadline (`tf_ecrec.recovery.deadline_session`), not the session's operation timeout.
 
 By default (``background=True``) the table rows of lost PS are rebuilt while
 training goes on: once settled, the lost variables allocated, their dense
 variables copied, their table rows marked pending and every survivor
 preserving the rows they decode from, the whole markers are written and
 trainers resume; a lookup of a pending row waits for it and the rebuild
-installs asked-for rows first (`tf_ecrec.rebuild.BackgroundRebuild`,
+installs asked-for rows first (`tf_ecrec.rebuild.background.BackgroundRebuild`,
 docs/rebuild.md).  A session re-created before the rebuild is done resumes
 it; a PS lost meanwhile makes the unfinished one count as lost too.
 Checkpoints and the end of training wait for the rebuild.
@@ -50,15 +50,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.background_rebuild import BackgroundRebuild
-from tf_ecrec.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError, RecoveryError
 from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.rebuild import DEFAULT_SLICE_BYTES, Rebuilder
-from tf_ecrec.recovery_decision import Action, decide, unrecoverable_reason
-from tf_ecrec.recovery_graph import initialiser_batches, whole_marker
-from tf_ecrec.recovery_result import Listener, Phases, RecoveryMethod, RecoveryResult
+from tf_ecrec.rebuild.background import BackgroundRebuild
+from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES, Rebuilder
+from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
+from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
+from tf_ecrec.recovery.graph import initialiser_batches, whole_marker
+from tf_ecrec.recovery.result import Listener, Phases, RecoveryMethod, RecoveryResult
 from tf_ecrec.steplog import Reconciler, SettleReport
 
 _LOG = logging.getLogger(__name__)

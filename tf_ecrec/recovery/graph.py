@@ -1,4 +1,4 @@
-"""Graph pieces a `tf_ecrec.recovery.RecoveryPlan` builds before the graph is finalized.
+"""Graph pieces a `tf_ecrec.recovery.plan.RecoveryPlan` builds before the graph is finalized.
 
 One *whole marker* per PS (`whole_marker`): initialised last by an
 initialisation, restore or rebuild, so a PS without it counts as lost and no

@@ -43,11 +43,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import unfolded
-from tf_ecrec.background_rebuild import WANTED_WAIT_MS, BackgroundRebuild
 from tf_ecrec.embedding import EmbeddingCollection, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.rebuild_stripes import CollectionRebuild, RebuildStats
+from tf_ecrec.rebuild.background import WANTED_WAIT_MS, BackgroundRebuild
+from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.stripe_encoding import row_words, split_row_words
 from tf_ecrec.table_layout import ChunkKind, ChunkSpec
 
