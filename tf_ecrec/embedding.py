@@ -182,7 +182,12 @@ class EmbeddingCollection:
         Ids must lie in [0, rows of the table); an id outside makes the gather
         on the PS fail with InvalidArgument rather than read another table.
         """
-        t = self._table_index[table] if isinstance(table, str) else int(table)
+        t = self._table_index.get(table, -1) if isinstance(table, str) else int(table)
+        if not 0 <= t < len(self.table_names):
+            raise ConfigError(
+                f"collection {self.name} has no table {table!r}; rule: a name of {list(self.table_names)} or an "
+                f"index below {len(self.table_names)}; source: EmbeddingCollection.lookup"
+            )
         ids = tf.cast(ids, tf.int64)
         checked = _check_range(ids, tf.constant(self.table_rows[t], tf.int64), f"table {self.table_names[t]}")
         with tf.control_dependencies([checked]):

@@ -127,3 +127,14 @@ def test_the_ps_count_and_device_come_from_tf_config():
     assert fn.num_ps == 2
     assert [_task(v.device), _task(w.device)] == [("ps", 0), ("ps", 1)]
     assert c.op.device == "/job:worker/task:0"
+
+
+def test_lookup_of_a_table_the_collection_lacks_names_it_and_the_tables_it_has():
+    with tf.Graph().as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=3, worker_device="/job:worker/task:1")):
+        coll, _, _ = _model(3)
+        ids = tf.constant([1], tf.int64)
+        assert coll.lookup("b", ids).shape.as_list() == [1, 4]
+        with pytest.raises(ConfigError, match=r"collection emb has no table 'c'; rule: a name of \['a', 'b'\]"):
+            coll.lookup("c", ids)
+        with pytest.raises(ConfigError, match=r"has no table 2; .*index below 2"):
+            coll.lookup(2, ids)
