@@ -15,6 +15,22 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Per-test time limits by tier, in seconds: generous (a loaded 2-core machine runs the slowest e2e
+# test in about three minutes); a test that needs more says so with @pytest.mark.timeout.
+TIER_TIMEOUTS = {"unit": 300, "integration": 900, "e2e": 1200}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test with its tier (the directory it is in) and gives it the tier's time limit."""
+    for item in items:
+        parts = item.path.relative_to(REPO).parts
+        tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else None
+        if tier not in TIER_TIMEOUTS:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
+
 
 def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``) and returns the finished process."""

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# What the tests need from the machine: Debian's ZooKeeper (the membership tests start their own
+# server from its jar on a free port). Safe to rerun; run as root or with sudo.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq zookeeper > /dev/null
