@@ -74,7 +74,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             spec = spec._replace(
-                scaffold=scaffold_for(plan, spec.scaffold, chief=bool(config.is_chief)),
+                scaffold=scaffold_for(plan, spec.scaffold, chief=bool(config.is_chief), config=config),
                 training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],
             )
         return spec

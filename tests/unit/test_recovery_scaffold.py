@@ -58,3 +58,17 @@ def test_without_a_base_the_scaffold_is_ours_alone():
             scaffold.init_fn(sess)
             assert calls == ["prepare"]
             assert sess.run(scaffold.ready_op).size == 0
+
+
+def test_the_saver_keeps_the_checkpoints_the_run_config_asks_for():
+    from tf_ecrec.recovery.deadline_session import long_deadline_scaffold
+
+    config = tf.estimator.RunConfig(keep_checkpoint_max=7, keep_checkpoint_every_n_hours=2)
+    with tf.Graph().as_default():
+        tf.compat.v1.Variable(1.0, name="v")
+        ours = scaffold_for(_FakePlan([]), None, chief=True, config=config).saver
+        unprotected = long_deadline_scaffold(None, config).saver
+        default = scaffold_for(_FakePlan([]), None, chief=True).saver
+    for saver in (ours, unprotected):
+        assert (saver._max_to_keep, saver._keep_checkpoint_every_n_hours) == (7, 2)
+    assert default._max_to_keep == tf.estimator.RunConfig().keep_checkpoint_max

@@ -55,9 +55,19 @@ class LongDeadlineSaver(tf.compat.v1.train.Saver):
 
 
 
-def long_deadline_scaffold(base: tf.compat.v1.train.Scaffold | None = None) -> tf.compat.v1.train.Scaffold:
+def checkpoints_kept(config: Any) -> dict[str, Any]:
+    """A Saver's retention arguments from a RunConfig, as `tf.estimator.Estimator` sets its own saver's
+    (its defaults, 5 and 10000 hours, without one)."""
+    return {
+        "max_to_keep": getattr(config, "keep_checkpoint_max", 5),
+        "keep_checkpoint_every_n_hours": getattr(config, "keep_checkpoint_every_n_hours", 10000),
+    }
+
+
+def long_deadline_scaffold(base: tf.compat.v1.train.Scaffold | None = None, config: Any = None) -> tf.compat.v1.train.Scaffold:
     """A Scaffold for unprotected training whose initialisation, saves and restores run under
-    `LONG_OP_TIMEOUT_MS` (keeps `base`'s local init and summary ops); build it in the model_fn."""
+    `LONG_OP_TIMEOUT_MS` (keeps `base`'s local init and summary ops, and the checkpoints `config`, a
+    RunConfig, keeps); build it in the model_fn."""
     init = tf.compat.v1.global_variables_initializer()
     long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
     kwargs: dict[str, Any] = {}
@@ -66,7 +76,7 @@ def long_deadline_scaffold(base: tf.compat.v1.train.Scaffold | None = None) -> t
     return tf.compat.v1.train.Scaffold(
         init_op=tf.no_op(name="long_deadline_init_op"),
         init_fn=lambda scaffold, sess: sess.run(init, options=long),
-        saver=LongDeadlineSaver(sharded=True, max_to_keep=3, save_relative_paths=True),
+        saver=LongDeadlineSaver(sharded=True, save_relative_paths=True, **checkpoints_kept(config)),
         **{k: v for k, v in kwargs.items() if v is not None},
     )
 
@@ -79,7 +89,7 @@ def long_deadline_model_fn(model_fn: Callable[..., Any]) -> Callable[..., Any]:
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
-            spec = spec._replace(scaffold=long_deadline_scaffold(spec.scaffold))
+            spec = spec._replace(scaffold=long_deadline_scaffold(spec.scaffold, config))
         return spec
 
     return wrapped

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver
+from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.plan import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
 
@@ -96,7 +96,7 @@ def raising_ready_op(plan: RecoveryPlan) -> tf.Tensor:
 
 
 def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = None,
-                 chief: bool = False) -> tf.compat.v1.train.Scaffold:
+                 chief: bool = False, config: Any = None) -> tf.compat.v1.train.Scaffold:
     """The Scaffold that routes session creation through `plan`, composed with `base`'s fields.
 
     Ours: the saver (`ECSaver`), a no-op ``init_op`` and an ``init_fn`` that
@@ -105,7 +105,9 @@ def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = 
     ours (once the variables are whole), and its ``ready_op`` and
     ``ready_for_local_init_op`` are concatenated after ours (a name either
     reports is not ready).  `base`'s ``init_op``, ``init_feed_dict`` and
-    saver are replaced: initialisation and restores are the plan's.
+    saver are replaced: initialisation and restores are the plan's. The saver
+    keeps the checkpoints the Estimator's own would (`config`, a RunConfig:
+    ``keep_checkpoint_max``, ``keep_checkpoint_every_n_hours``).
 
     On the `chief`, our ready ops report nothing: its session creation runs
     `plan.prepare`, which leaves every variable whole or raises, so checking
@@ -115,7 +117,7 @@ def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = 
         ready = tf.constant([], tf.string, name="ec_ready_after_prepare")
     else:
         ready = raising_ready_op(plan)
-    saver = ECSaver(plan, sharded=True, max_to_keep=3, save_relative_paths=True)
+    saver = ECSaver(plan, sharded=True, save_relative_paths=True, **checkpoints_kept(config))
     user_init_fn = base.init_fn if base is not None else None  # a Scaffold's init_fn takes the session alone
 
     def init_fn(scaffold: tf.compat.v1.train.Scaffold, sess: tf.compat.v1.Session) -> None:
