@@ -50,14 +50,14 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
     import tensorflow as tf
 
     import tf_ecrec
-    from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
+    from tf_ecrec.embedding import ECContext, device_task, set_context
     from tf_ecrec.recovery.graph import WHOLE_MARKERS
     from tf_ecrec.recovery.plan import RecoveryPlan
 
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
         step = tf.compat.v1.train.get_or_create_global_step()
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(k, r), num_ps))
+        set_context(ECContext(tf_ecrec.ECConfig(k, r), num_ps))
         coll = tf_ecrec.EmbeddingCollection("t", [(f"t{i}", rows) for i in range(TABLES)], DIM)
         ids = tf.compat.v1.placeholder(tf.int64, [None, TABLES])
         loss = tf.reduce_sum(coll.lookup_all(ids))

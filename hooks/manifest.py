@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.live_cluster import variable_records, write_manifest
+from tf_ecrec.optimizer import protectors
 
 
 class VariableManifestHook(tf.compat.v1.train.SessionRunHook):
@@ -32,7 +33,7 @@ class VariableManifestHook(tf.compat.v1.train.SessionRunHook):
         extra = dict(self._extra)
         # An ECOptimizer registers itself here; its description says which variables
         # are parity and replicas of which (tf_ecrec.verify reads it).
-        protectors = tf.compat.v1.get_collection("tf_ecrec_protection")
-        if protectors:
-            extra["ec"] = protectors[-1].describe()
+        built = protectors()
+        if built:
+            extra["ec"] = built[-1].describe()
         write_manifest(self._path, variable_records(tf.compat.v1.global_variables()), **extra)

@@ -34,14 +34,10 @@ from tf_ecrec import ops as ec_ops
 from tf_ecrec.device import check_placed, on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.graph_registry import GraphRegistry
 from tf_ecrec.table_layout import ChunkKind, ChunkSpec, TableSpec
 
 _LOG = logging.getLogger(__name__)
-
-# Graph collection of every EmbeddingCollection built in a graph.
-EC_COLLECTIONS = "tf_ecrec_embedding_collections"
-# Graph collection holding the job-wide defaults set by `ec_model_fn` (an `ECContext`).
-EC_CONTEXT = "tf_ecrec_context"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +55,19 @@ class ECContext:
     generation: int = 0
 
 
+# The job-wide defaults `ec_model_fn` sets for a graph, and the protected collections built in it.
+_CONTEXTS: GraphRegistry[ECContext] = GraphRegistry()
+_COLLECTIONS: GraphRegistry[EmbeddingCollection] = GraphRegistry()
+
+
+def set_context(context: ECContext, graph: tf.Graph | None = None) -> None:
+    """Makes `context` the defaults of the tables built in `graph` (the default graph)."""
+    _CONTEXTS.add(context, graph)
+
+
 def current_context(graph: tf.Graph | None = None) -> ECContext | None:
-    items = (graph or tf.compat.v1.get_default_graph()).get_collection(EC_CONTEXT)
+    """The last context set for `graph` (the default graph), None if none was."""
+    items = _CONTEXTS.items(graph)
     return items[-1] if items else None
 
 
@@ -168,7 +175,7 @@ class EmbeddingCollection:
                     )
                 check_placed(self.data[p], p, f"the data chunks of collection {name!r}")
         if self.protected:  # what ECOptimizer, recovery and verification find
-            tf.compat.v1.add_to_collection(EC_COLLECTIONS, self)
+            _COLLECTIONS.add(self)
 
     # ---- lookup ---------------------------------------------------------------------------
 
@@ -236,7 +243,8 @@ class EmbeddingCollection:
 
 
 def collections(graph: tf.Graph | None = None) -> list[EmbeddingCollection]:
-    return list((graph or tf.compat.v1.get_default_graph()).get_collection(EC_COLLECTIONS))
+    """The protected collections built in `graph` (the default graph), in order."""
+    return _COLLECTIONS.items(graph)
 
 
 def _check_range(ids: tf.Tensor, limits: tf.Tensor, what: str) -> tf.Operation:

@@ -22,12 +22,13 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec import optimizer
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.device import layout_placement
 from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import EC_CONTEXT, ECContext, collections
+from tf_ecrec.embedding import ECContext, collections, set_context
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.optimizer import EC_PROTECTION, ECOptimizer
+from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
@@ -63,7 +64,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ec, num_ps, _generation()))
+        set_context(ECContext(ec, num_ps, _generation()))
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         with tf.compat.v1.device(layout_placement):
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
@@ -93,7 +94,7 @@ def _generation() -> int:
 
 
 def _check_protected() -> ECOptimizer:
-    protectors = tf.compat.v1.get_collection(EC_PROTECTION)
+    protectors = optimizer.protectors()
     if not protectors:
         raise ConfigError(
             "the model_fn built no tf_ecrec.ECOptimizer: without it nothing keeps parity and replicas; wrap the "

@@ -48,6 +48,7 @@ from tf_ecrec.device import on_ps, ps_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.graph_registry import GraphRegistry
 from tf_ecrec.protection import ProtectionVariables
 from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind
 from tf_ecrec.step_program import gate as _gate
@@ -56,7 +57,14 @@ from tf_ecrec.update_rule import UpdateRule
 _LOG = logging.getLogger(__name__)
 
 # Graph collection holding the ECOptimizer that protects the graph's variables.
-EC_PROTECTION = "tf_ecrec_protection"
+# The ECOptimizers that built a protected step in a graph (ec_model_fn checks there is one, the
+# manifest hook describes the last).
+_PROTECTORS: GraphRegistry[ECOptimizer] = GraphRegistry()
+
+
+def protectors(graph: tf.Graph | None = None) -> list[ECOptimizer]:
+    """The ECOptimizers that applied gradients in `graph` (the default graph), in order."""
+    return _PROTECTORS.items(graph)
 
 
 class ECOptimizer(tf.compat.v1.train.Optimizer):
@@ -215,7 +223,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             round1=round1,
             round2=round2,
         )
-        tf.compat.v1.add_to_collection(EC_PROTECTION, self)
+        _PROTECTORS.add(self)
         return train_op
 
     def _log(self, ps: int) -> tf.Tensor:

@@ -47,7 +47,7 @@ import tensorflow as tf
 
 import tf_ecrec
 from tf_ecrec import codec
-from tf_ecrec.embedding import EC_CONTEXT, ECContext, device_task
+from tf_ecrec.embedding import ECContext, device_task, set_context
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.graph import WHOLE_MARKERS
 from tf_ecrec.recovery.plan import RecoveryPlan
@@ -98,7 +98,7 @@ class Rig:
             tf.compat.v1.set_random_seed(11)
             step = tf.compat.v1.train.get_or_create_global_step()
             self.step_name = step.op.name
-            tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(k, r), num_ps))
+            set_context(ECContext(tf_ecrec.ECConfig(k, r), num_ps))
             coll = tf_ecrec.EmbeddingCollection("h", TABLES, DIM)
             self.ids = tf.compat.v1.placeholder(tf.int64, [None, len(TABLES)], name="ids")
             emb = tf.reshape(coll.lookup_all(self.ids), [-1, DIM * len(TABLES)])

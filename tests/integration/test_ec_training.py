@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.verify import check_parity
 
@@ -62,7 +62,7 @@ def _build(cluster, ec, num_ps, optimizer):
     ):
         tf.compat.v1.set_random_seed(7)
         step = tf.compat.v1.train.get_or_create_global_step()
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ec, num_ps))
+        set_context(ECContext(ec, num_ps))
         coll = tf_ecrec.EmbeddingCollection("emb", [("a", 1000), ("b", 37)], 8)
         ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
         emb = tf.reshape(coll.lookup_all(ids), [-1, 16])

@@ -27,7 +27,7 @@ from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, StaticShards, make_
 from tf_ecrec.data.synthetic import SyntheticCriteo
 from tf_ecrec.device import ECDeviceFn
 from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
@@ -237,7 +237,7 @@ def test_layer_takes_the_ps_count_from_ec_model_fn_then_tf_config():
     with tf.Graph().as_default(), tf_config_env(four_ps), tf.compat.v1.device(ECDeviceFn()):
         from_env = ECEmbeddings(TABLES, 4, ec=ECConfig(2, 1), name="env")
         from_env(tf.compat.v1.placeholder(tf.int64, [None, 2]))
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(ECConfig(1, 2), 3))
+        set_context(ECContext(ECConfig(1, 2), 3))
         from_ctx = ECEmbeddings(TABLES, 4, name="ctx")
         from_ctx(tf.compat.v1.placeholder(tf.int64, [None, 2]))
     assert from_env.collection.num_ps == 4 and from_env.collection.ec == ECConfig(2, 1)

@@ -18,7 +18,7 @@ from tensorflow.python.training.saving import saveable_object
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 import tf_ecrec
-from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LongDeadlineSaver
 from tf_ecrec.recovery.plan import RecoveryPlan
@@ -33,7 +33,7 @@ def _build(cluster, optimizer="adagrad", k=2, r=1, num_ps=3):  # noqa: F811
     ):
         tf.compat.v1.set_random_seed(3)
         step = tf.compat.v1.train.get_or_create_global_step()
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(k, r), num_ps))
+        set_context(ECContext(tf_ecrec.ECConfig(k, r), num_ps))
         coll = tf_ecrec.EmbeddingCollection("cut", [("a", 300)], 4)
         ids = tf.compat.v1.placeholder(tf.int64, [None, 1])
         emb = tf.reshape(coll.lookup_all(ids), [-1, 4])

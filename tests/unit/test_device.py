@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import tensorflow as tf
 
 import tf_ecrec
+import tf_ecrec.embedding
+import tf_ecrec.optimizer
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.device import ECDeviceFn, layout_placement, on_ps
-from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.errors import ConfigError
 
 
 def _model(num_ps: int, k: int = 2, r: int = 1) -> tuple[tf_ecrec.EmbeddingCollection, tf_ecrec.ECOptimizer, tf.Variable]:
     """A small protected model: one collection, one dense layer, the global step, Adagrad."""
     step = tf.compat.v1.train.get_or_create_global_step()
-    tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(k, r), num_ps))
+    set_context(ECContext(tf_ecrec.ECConfig(k, r), num_ps))
     coll = tf_ecrec.EmbeddingCollection("emb", [("a", 100), ("b", 9)], 4)
     ids = tf.constant([[1, 2], [3, 8]], tf.int64)
     dense = tf.compat.v1.get_variable("dense", [8, 1], use_resource=True)
@@ -96,12 +100,12 @@ def test_the_layout_wins_over_a_users_device_scope():
 def test_without_an_ec_device_function_the_table_refuses_to_be_misplaced():
     with tf.Graph().as_default(), tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(ps_tasks=3)):
         tf.compat.v1.train.get_or_create_global_step()  # round robin: the table's first variable goes to PS 1
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(2, 1), 3))
+        set_context(ECContext(tf_ecrec.ECConfig(2, 1), 3))
         with pytest.raises(ConfigError, match=r"landed on '/job:ps/task:1'.*layout puts it on /job:ps/task:0.*ECDeviceFn"):
             tf_ecrec.EmbeddingCollection("emb", [("a", 100)], 4)
     # The placement-only function ec_model_fn installs is enough under a stock setter.
     with tf.Graph().as_default(), tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(ps_tasks=3)), tf.compat.v1.device(layout_placement):
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(2, 1), 3))
+        set_context(ECContext(tf_ecrec.ECConfig(2, 1), 3))
         coll = tf_ecrec.EmbeddingCollection("emb", [("a", 100)], 4)
     assert {p: _task(v.device) for p, v in coll.data.items()} == {p: ("ps", p) for p in coll.data}
 
@@ -138,3 +142,16 @@ def test_lookup_of_a_table_the_collection_lacks_names_it_and_the_tables_it_has()
             coll.lookup("c", ids)
         with pytest.raises(ConfigError, match=r"has no table 2; .*index below 2"):
             coll.lookup(2, ids)
+
+
+def test_a_protected_graph_exports_its_meta_graph_without_serialization_warnings(caplog):
+    # Checkpoints write the MetaGraph; Python objects in graph collections made TensorFlow warn
+    # ("Issue encountered when serializing ...") at every save. They live beside the graph now.
+    with tf.Graph().as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=3, worker_device="/job:worker/task:1")):
+        coll, opt, _ = _model(3)
+        assert tf_ecrec.optimizer.protectors() == [opt]
+        assert tf_ecrec.embedding.collections() == [coll]
+        with caplog.at_level(logging.WARNING):
+            tf.compat.v1.train.export_meta_graph()
+    assert "Issue encountered when serializing" not in caplog.text
+    assert tf_ecrec.optimizer.protectors(tf.Graph()) == []

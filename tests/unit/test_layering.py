@@ -36,6 +36,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.gf16": 0,
     "tf_ecrec.codec": 0,
     "tf_ecrec.unfolded": 0,
+    "tf_ecrec.graph_registry": 0,
     "tf_ecrec.data": 0,
     # 1 devices: the op library and its wrappers, where things are placed, reaching PS tasks.
     "tf_ecrec.ops": 1,

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.embedding import EC_CONTEXT, ECContext
+from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.recovery.plan import RecoveryPlan
 
 LIMIT = 1 << 20  # bytes: anything larger must be made when its op runs
@@ -81,7 +81,7 @@ def _job(rows: int = 100_000, dim: int = 16):
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=3, worker_device="/job:chief")):
         step = tf.compat.v1.train.get_or_create_global_step()
-        tf.compat.v1.add_to_collection(EC_CONTEXT, ECContext(tf_ecrec.ECConfig(2, 1), 3))
+        set_context(ECContext(tf_ecrec.ECConfig(2, 1), 3))
         coll = tf_ecrec.EmbeddingCollection("t", [("a", rows), ("b", rows)], dim)
         ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
         out = tf.keras.layers.Dense(1)(tf.reshape(coll.lookup_all(ids), [-1, 2 * dim]))
