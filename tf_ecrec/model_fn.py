@@ -33,7 +33,7 @@ from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
 from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
-from tf_ecrec.steplog import MAX_GENERATION
+from tf_ecrec.step_program import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 

@@ -50,7 +50,7 @@ from tf_ecrec.embedding import EmbeddingCollection, collections, current_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
 from tf_ecrec.protection import ProtectionVariables
-from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind
+from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind, new_step_id
 from tf_ecrec.step_program import gate as _gate
 from tf_ecrec.update_rule import UpdateRule
 
@@ -167,7 +167,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         armed = failpoints.FailpointPlan.from_environ()  # the one read of the environment per step program
         with tf.name_scope(name or self._name):
             # A feedable step id: tests drive a step one op at a time with their own ids.
-            self._sid = tf.compat.v1.placeholder_with_default(steplog.new_step_id(generation), [], name="sid")
+            self._sid = tf.compat.v1.placeholder_with_default(new_step_id(generation), [], name="sid")
             # Phase 1: every variable's update, each with its bitwise delta.
             applied = []
             for grad, var in pairs:

@@ -12,9 +12,27 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import secrets
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
+
+GENERATION_SHIFT = 48
+MAX_GENERATION = (1 << 14) - 1
+
+
+def new_step_id(generation: int = 0) -> tf.Tensor:
+    """A fresh random step id per session.run, ``generation`` in its top bits."""
+    if not 0 <= generation <= MAX_GENERATION:
+        raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
+    high = np.int64(generation) << np.int64(GENERATION_SHIFT)
+    sid = tf.compat.v1.py_func(
+        lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
+    )
+    sid.set_shape([])
+    return sid
+
 
 if TYPE_CHECKING:
     from tf_ecrec.embedding import EmbeddingCollection

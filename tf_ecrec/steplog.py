@@ -1,68 +1,28 @@
 """Steps that can be cut anywhere: delta logs, the two-round commit, and settlement.
 
-The protocol, its invariants and the case-by-case argument are in
-``docs/settlement.md``; this is the summary the code follows.
+The protocol, its invariants and the case-by-case argument are in ``docs/settlement.md``; the
+code follows it. A step of `ECOptimizer` (one ``session.run``, one step id whose top bits carry the
+trainer's cluster generation) appends each logged write to its PS's delta log atomically with the
+write: 1. apply on each data PS (entries of a variable in update order, their ``seq``); 2. fold of
+each apply's delta into its parities and replicas (tagged with the apply's seq); 3. count; 4. commit
+round 1 on the data PS tasks, in apply order per variable (`delta_log_commit_in_order`); 5. commit
+round 2 everywhere, refused for a fenced step.
 
-A training step of `ECOptimizer` (one ``session.run``, one step id ``sid``
-whose top bits carry the trainer's cluster generation) makes these logged
-updates, each appended to its PS's delta log atomically with the write:
-
-1. **apply** on each data PS D: the optimizer's update of a variable and its
-   slots (kind APPLY; entries of one variable are in D's log in the order the
-   updates happened, their ``seq``);
-2. **fold** of each apply's bitwise delta into every parity or replica it
-   routes to (kind FOLD, tagged with the source variable and the source
-   apply's ``seq`` in D's log);
-3. **count**: +1 on the global step and its replicas (kind COUNTER);
-4. **commit, round 1** on every PS holding an apply of the step
-   (`delta_log_commit_in_order`): waits until no earlier apply of another step
-   on the same variable is still uncommitted in the log, then marks the step's
-   applies round-1 committed (they stay until round 2);
-5. **commit, round 2** on every PS (`delta_log_commit`), after round 1
-   everywhere: drops the rest and refuses a fenced step, so a step whose
-   ``session.run`` returned OK was never fenced.
-
-Round 1's order makes the applies committed on D a prefix (by seq) of D's
-applies of each variable, each folded into every parity: so every parity
-holds, for each variable of D, at least that prefix.  Round 2's ordering
-makes a fold committed on a parity PS imply round 1 on D.
-
-`Reconciler.settle` (the chief; one at a time per process) brings the logs to
-a state with nothing in flight:
-
-A. fence the pending steps on every surviving PS (their late writes and
-   commits fail; a fenced step is reported failed to its worker);
-B. for each variable of a lost PS, keep on every surviving parity exactly
-   the folds up to ``max_T``, the highest source seq any survivor knows to be
-   committed (a committed fold, or a fold of a step committed in round 2);
-   undo the folds above it.  Every surviving parity then holds the code of
-   the same prefix of the lost variable's updates, so any k chunks decode
-   the same valid state;
-C. settle each pending step on the survivors: a step committed by round 2
-   somewhere, or by round 1 somewhere with no data PS lost (round 1 happens
-   only after all its updates), is only committed; a step that keeps a part
-   on a lost PS (a fold at or below ``max_T``), or a counted one with no data
-   PS lost, is **finished** (the folds it is missing are made with
-   ``dedupe``: at most once, whoever runs them; its missing counter
-   increments the same way); any other is **undone** whole (folds first, then
-   the apply, each refused atomically if a later update of the variable
-   exists; then its count) if every apply of it is the newest of its
-   variable, else finished: with one trainer, a cut step ends whole;
-D. commit the settled steps, round 1 then round 2, bypassing the fence.
-
-Every action of C and D is logged under the step's own sid or removes its
-entry, so running settlement again after a crash anywhere in it gives the
-same result.  `Reconciler.settle_stale` runs A, C and D for steps pending
-longer than a threshold, while training goes on, which bounds how long a
-dead task's step blocks the round-1 commits behind it.
+`Reconciler.settle` (on the chief, one at a time per process) brings the logs to a state with
+nothing in flight: A. fence the pending steps; B. roll each lost variable's folds back to its
+committed prefix on every surviving parity; C. finish or undo (whole) each pending step on the
+survivors; D. commit, round 1 then round 2. Every action is logged under the step's sid or removes
+its entry, so a rerun after a crash anywhere gives the same result. `Reconciler.settle_stale` does
+it, while training goes on, for steps a dead task left (pending longer than `STALE_SECS` and not
+waiting behind another); `Reconciler.settle_left_behind` for those pending when a trainer ends.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -74,22 +34,11 @@ from tf_ecrec.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
 
-GENERATION_SHIFT = 48
-MAX_GENERATION = (1 << 14) - 1
 ROUND1_TIMEOUT_MS = 60_000
 """How long a step's round-1 commit waits for an earlier step before failing (Aborted)."""
-
-
-def new_step_id(generation: int = 0) -> tf.Tensor:
-    """A fresh random step id per session.run, ``generation`` in its top bits."""
-    if not 0 <= generation <= MAX_GENERATION:
-        raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
-    high = np.int64(generation) << np.int64(GENERATION_SHIFT)
-    sid = tf.compat.v1.py_func(
-        lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
-    )
-    sid.set_shape([])
-    return sid
+STALE_SECS = 5.0
+"""A step pending this long and not waiting behind an earlier one belongs to a dead task (a live
+step takes milliseconds): the chief settles it (`Reconciler.settle_stale`)."""
 
 
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
@@ -103,6 +52,13 @@ class SettleReport:
     finished: int = 0
     committed: int = 0
     rolled_back: int = 0
+
+    def add(self, other: SettleReport) -> None:
+        """Adds `other`'s counts to these."""
+        self.undone += other.undone
+        self.finished += other.finished
+        self.committed += other.committed
+        self.rolled_back += other.rolled_back
 
     def counts(self) -> dict[str, int]:
         return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
@@ -182,6 +138,42 @@ class Reconciler:
         """Settles the steps pending longer than `stale_secs` whose commit is not waiting on an
         earlier step (a live step waits; a dead task's does not), with training going on."""
         alive = sorted(p for p in alive if p in self._read)
+        age, waiting = self._pending_ages(sess, alive)
+        stale = sorted(s for s, a in age.items() if a >= stale_secs and s not in waiting)
+        if not stale:
+            return None
+        return self.settle(sess, alive, (), only=stale)
+
+    def settle_left_behind(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float = STALE_SECS,
+                           poll_secs: float = 0.05, clock: Callable[[], float] = time.monotonic,
+                           sleep: Callable[[float], None] = time.sleep) -> SettleReport:
+        """At the end of a trainer's training: settles the steps pending now that dead tasks left.
+
+        Other trainers may still be running steps: those commit within milliseconds and are left
+        alone (fencing them would fail their steps and make this wait behind their commits). Each
+        step pending at the first read is watched until it commits, or is settled once it is stale
+        (`settle_stale`'s rule); the wait is bounded by about ``2 * stale_secs``.
+        """
+        alive = sorted(p for p in alive if p in self._read)
+        total = SettleReport()
+        deadline = clock() + 2 * stale_secs
+        watched: set[int] | None = None
+        while True:
+            age, waiting = self._pending_ages(sess, alive)
+            watched = set(age) if watched is None else watched
+            left = watched & set(age)
+            stale = sorted(s for s in left if age[s] >= stale_secs and s not in waiting)
+            if not stale and clock() >= deadline:  # a step that waits this long: whatever waits on it
+                stale = sorted(left)
+            if stale:
+                total.add(self.settle(sess, alive, (), only=stale))
+                left -= set(stale)
+            if not left:
+                return total
+            sleep(poll_secs)
+
+    def _pending_ages(self, sess: tf.compat.v1.Session, alive: list[int]) -> tuple[dict[int, float], set[int]]:
+        """Every pending sid's age in seconds (its oldest entry on any log) and those waiting in round 1."""
         values = sess.run({p: self._pending[p] for p in alive})
         age: dict[int, float] = {}
         waiting: set[int] = set()
@@ -190,10 +182,7 @@ class Reconciler:
                 age[int(s)] = max(age.get(int(s), 0.0), float(a))
                 if w:
                     waiting.add(int(s))
-        stale = sorted(s for s, a in age.items() if a >= stale_secs and s not in waiting)
-        if not stale:
-            return None
-        return self.settle(sess, alive, (), only=stale)
+        return age, waiting
 
     def set_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], generation: int) -> None:
         """Raises the minimum generation on the alive logs (older trainers' writes then fail)."""

@@ -52,8 +52,7 @@ from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.graph import WHOLE_MARKERS
 from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import raising_ready_op
-from tf_ecrec.step_program import TargetKind
-from tf_ecrec.steplog import GENERATION_SHIFT
+from tf_ecrec.step_program import GENERATION_SHIFT, TargetKind
 from tf_ecrec.verify import check_parity
 
 TABLES = [("a", 48), ("b", 12)]

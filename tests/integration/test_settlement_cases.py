@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -204,4 +206,61 @@ def test_a_rebuild_cut_at_any_call_leaves_the_ps_lost_and_the_workers_waiting_un
             seq._check(f"rebuild cut after {crash_after} calls, then whole")
             seq._check_parity(f"rebuild cut after {crash_after} calls, then whole")
     assert counting.calls >= 5
+    assert seq.stats.violations == []
+
+
+def _live_and_dead(seq: Sequence) -> int:
+    """Worker 1 mid-step (applied, folded, counted), worker 0 dead after applying after it; 1's sid."""
+    for _ in range(2):
+        assert seq.finish_step(0) and seq.finish_step(1)
+    _phased(seq, 1)
+    seq.run_until(1, "round1")
+    live = seq.workers[1].step.sid
+    _phased(seq, 0)
+    seq.run_until(0, "fold")
+    return live
+
+
+def test_a_trainer_ending_settles_a_dead_step_and_leaves_a_live_one_to_commit(cluster):
+    # The chief's end (SettleAtEndHook) looks at the logs while another worker is mid-step and
+    # one died mid-step: the live step must commit, the dead one be settled.
+    seq = Sequence(cluster.target("chief"), 29, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        live = _live_and_dead(seq)
+        looked = threading.Event()
+        box: dict[str, object] = {}
+
+        def sleep(secs: float) -> None:
+            looked.set()  # the end has read the logs once: both steps are pending and watched
+            time.sleep(secs)
+
+        def end_of_training() -> None:
+            box["report"] = seq.rig.plan.reconciler.settle_left_behind(
+                seq.sess, range(3), stale_secs=3.0, poll_secs=0.02, sleep=sleep
+            )
+
+        ending = threading.Thread(target=end_of_training)
+        ending.start()
+        assert looked.wait(30)
+        assert seq.finish_step(1)  # not fenced: it commits while the end watches it
+        ending.join(60)
+        assert not ending.is_alive()
+        assert live in seq.ok
+        report = box["report"]
+        assert report.undone + report.finished == 1  # the dead step, and only it
+        seq.workers[0].step = None
+        seq._full_settle("end")
+    assert seq.stats.violations == []
+
+
+def test_settling_everything_at_the_end_would_fail_the_live_step(cluster):
+    # What SettleAtEndHook did before: every pending step settled, the live one fenced.
+    seq = Sequence(cluster.target("chief"), 31, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        live = _live_and_dead(seq)
+        seq.rig.plan.reconciler.settle(seq.sess, range(3))
+        assert not seq.finish_step(1)
+        assert live not in seq.ok
+        seq.workers[0].step = None
+        seq._full_settle("end")
     assert seq.stats.violations == []

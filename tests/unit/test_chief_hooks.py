@@ -34,7 +34,7 @@ class _Plan:
         self.calls.append(("wait_background", timeout))
         return self.background_done
 
-    def settle(self, sess: tf.compat.v1.Session) -> None:
+    def settle_left_behind(self, sess: tf.compat.v1.Session) -> None:
         self.calls.append(("settle", sess))
         if self.settle_error is not None:
             raise self.settle_error

@@ -360,6 +360,11 @@ class RecoveryPlan:
         """Settles steps left in the logs (e.g. of a worker that died mid-step); every PS must be up."""
         return self.reconciler.settle(sess, self.reconciler_ps())
 
+    def settle_left_behind(self, sess: tf.compat.v1.Session) -> SettleReport:
+        """Settles the steps dead tasks left pending, leaving live trainers' steps to commit; every PS
+        must be up (`Reconciler.settle_left_behind`)."""
+        return self.reconciler.settle_left_behind(sess, self.reconciler_ps())
+
     def notify(self, result: RecoveryResult) -> None:
         """Hands a result to the listener (the background settlement's, for instance)."""
         if self._listener is not None:

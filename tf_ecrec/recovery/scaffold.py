@@ -22,6 +22,7 @@ from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.plan import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
+from tf_ecrec.steplog import STALE_SECS
 
 _LOG = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
     session calls; a closed session or a PS that is down ends or skips a round.
     """
 
-    def __init__(self, plan: RecoveryPlan, interval_secs: float = 1.0, stale_secs: float = 5.0) -> None:
+    def __init__(self, plan: RecoveryPlan, interval_secs: float = 1.0, stale_secs: float = STALE_SECS) -> None:
         if interval_secs <= 0 or stale_secs <= 0:
             raise ValueError(f"interval_secs and stale_secs must be > 0, got {interval_secs}, {stale_secs}")
         self._plan = plan
@@ -208,9 +209,12 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
 class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
     """On the chief, at the end of training, settles steps other tasks left in the logs.
 
-    A worker that died mid-step leaves its step's entries behind; finishing
+    A worker that died mid-step leaves its step's entries behind; settling
     them at the end leaves parity exact for the final check (and for the
-    next job that restarts from this state).
+    next job that restarts from this state). Steps of trainers still running
+    are left to commit on their own (`Reconciler.settle_left_behind`):
+    settling everything pending used to fence them, failing their steps, and
+    made the chief's finish wait behind their commits for seconds.
     """
 
     def __init__(self, plan: RecoveryPlan) -> None:
@@ -220,6 +224,6 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
         if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
             _LOG.warning("training ended while a background rebuild was not done; the next start resumes it")
         try:
-            self._plan.settle(session)
+            self._plan.settle_left_behind(session)
         except tf.errors.OpError as exc:  # a PS is gone at the very end: the next recovery settles it
             _LOG.warning("could not settle pending steps at the end of training: %s", exc.message.splitlines()[0])
