@@ -8,6 +8,9 @@ TensorFlow)::
     tf_ecrec.EmbeddingCollection(name, tables, dim)   protected tables, inside the model_fn
     tf_ecrec.ECOptimizer(optimizer)             updates that keep parity and replicas exact
     tf_ecrec.ECDeviceFn()                       RunConfig device_fn placing storage per the layout
+    tf_ecrec.EmbeddingTable(name, shape)        one protected table of any width, 1-D included
+    tf_ecrec.train_and_evaluate(estimator, train_spec, eval_spec, ec=...)
+    tf_ecrec.train(estimator, input_fn, ec=...) a user's Estimator protected, under any TF_CONFIG launcher
 
 ``tf_ecrec.ops.load_library()`` (called by the first op built, and by every
 task process at start, PS included) checks that the compiled op library
@@ -25,6 +28,9 @@ _LAZY = {
     "EmbeddingCollection": ("tf_ecrec.embedding", "EmbeddingCollection"),
     "ECOptimizer": ("tf_ecrec.optimizer", "ECOptimizer"),
     "ECDeviceFn": ("tf_ecrec.device", "ECDeviceFn"),
+    "EmbeddingTable": ("tf_ecrec.embedding_table", "EmbeddingTable"),
+    "train": ("tf_ecrec.estimator_job", "train"),
+    "train_and_evaluate": ("tf_ecrec.estimator_job", "train_and_evaluate"),
 }
 
 __all__ = ["ECConfig", "EcRecError", "__version__", *_LAZY]

@@ -81,10 +81,37 @@ def _request_stack() -> list[int]:
     return _requests.stack
 
 
+@contextlib.contextmanager
+def local_storage() -> Iterator[None]:
+    """Tables built inside stay on this process: a task outside the training cluster (an evaluator).
+
+    TensorFlow gives an evaluator no cluster, so ``/job:ps`` devices do not
+    exist there (soft placement does not help: it refuses an unknown job);
+    its tables are built with the training layout, for the checkpoint's
+    variables, on its own device.
+    """
+    old = getattr(_requests, "local", False)
+    _requests.local = True
+    try:
+        yield
+    finally:
+        _requests.local = old
+
+
+def storage_is_local() -> bool:
+    """Whether `local_storage` is in effect."""
+    return bool(getattr(_requests, "local", False))
+
+
+def storage_device(task: int) -> Any:
+    """The device scope of computation that belongs on PS `task`'s storage (none under `local_storage`)."""
+    return contextlib.nullcontext() if storage_is_local() else tf.compat.v1.device(ps_device(task))
+
+
 def layout_placement(op: Any) -> str:
     """Device function of rule 1 only: places the protection's storage, leaves other ops as they are."""
     task = requested_task()
-    if task is None:
+    if task is None or storage_is_local():
         return op.device
     return _merged(ps_device(task), op.device)
 
@@ -165,7 +192,7 @@ def _merged(base: str, current: str) -> str:
 def check_placed(variable: tf.Variable, task: int, what: str) -> None:
     """Raises ConfigError when `variable` is not on PS `task`, where the layout puts it."""
     spec = tf.DeviceSpec.from_string(variable.device or "")
-    if spec.job == "ps" and spec.task == task:
+    if (spec.job == "ps" and spec.task == task) or storage_is_local():
         return
     raise ConfigError(
         f"{what} {variable.op.name!r} landed on {variable.device or 'no device'!r}, but the layout puts it on "

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tf_ecrec import codec, placement, unfolded
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import check_placed, on_ps, ps_device
+from tf_ecrec.device import check_placed, on_ps, storage_device
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
@@ -263,7 +263,7 @@ def _masked(init: Callable[..., Any], real_rows: Sequence[int], chunk_rows: int,
     """
 
     def initializer(shape: Any, dtype: Any = tf.float32, partition_info: Any = None) -> tf.Tensor:
-        with tf.compat.v1.device(ps_device(task)):
+        with storage_device(task):
             values = init(shape, dtype=dtype)
             local = unfolded.row_numbers(int(shape[0]))
             real = (local % chunk_rows) < tf.gather(tf.constant(real_rows, tf.int64), local // chunk_rows)

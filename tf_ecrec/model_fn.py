@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_ecrec import optimizer
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.device import layout_placement
+from tf_ecrec.device import layout_placement, local_storage
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import ECContext, collections, set_context
 from tf_ecrec.errors import ConfigError
@@ -39,7 +39,8 @@ ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 
 
 def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
-                rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES, rebuild_share: float = 1.0) -> ModelFn:
+                rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES, rebuild_share: float = 1.0,
+                num_ps: int | None = None) -> ModelFn:
     """Wraps `model_fn` so its tables and optimizer are protected by `ec`.
 
     In training mode the wrapper also owns the EstimatorSpec's Scaffold
@@ -49,15 +50,19 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     `rebuild_slice_bytes` is the bytes of a lost chunk a rebuild moves per
     session call (`tf_ecrec.rebuild`); `rebuild_share` the fraction of the
     time a background rebuild walks its slices (`RecoveryPlan`).
+    `num_ps` is the training cluster's PS count for a task whose RunConfig
+    has none: an evaluator (TensorFlow gives it an empty cluster) builds the
+    tables with the training layout so the checkpoint's variables match.
 
     Raises (when the Estimator calls the model_fn):
       ConfigError: the cluster has fewer than k + r PS tasks, or a protected
         table is not updated by an ECOptimizer.
     """
     accepted = set(inspect.signature(model_fn).parameters)
+    training_ps = num_ps
 
     def wrapped(features: Any, labels: Any, mode: str, params: Any, config: tf.estimator.RunConfig) -> tf.estimator.EstimatorSpec:
-        num_ps = int(config.num_ps_replicas or 0)
+        num_ps: int = int(config.num_ps_replicas or 0) or int(training_ps or 0)
         if num_ps < 1:
             raise ConfigError(
                 "erasure-coded protection needs a PS cluster (TF_CONFIG with a 'ps' job); "
@@ -66,7 +71,9 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
         set_context(ECContext(ec, num_ps, _generation()))
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
-        with tf.compat.v1.device(layout_placement):
+        # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.
+        local = not config.num_ps_replicas and mode != tf.estimator.ModeKeys.TRAIN
+        with local_storage() if local else tf.compat.v1.device(layout_placement):
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
