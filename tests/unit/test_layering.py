@@ -48,6 +48,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.ps_session": 1,
     # 2 protection: tables, the protected step, settlement, recovery, checks of a live cluster.
     "tf_ecrec.embedding": 2,
+    "tf_ecrec.embedding_table": 2,
     "tf_ecrec.update_rule": 2,
     "tf_ecrec.protection": 2,
     "tf_ecrec.step_program": 2,
@@ -71,6 +72,7 @@ LAYERS: dict[str, float] = {
     # 5 launch: processes, the command line, the example models.
     "tf_ecrec.launcher": 5,
     "tf_ecrec.cli": 5,
+    "tf_ecrec.estimator_job": 5,
     "tf_ecrec.examples": 5,
 }
 
