@@ -34,7 +34,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         description="Launch a local TF_CONFIG cluster (PS, chief, workers as processes), train, "
         "kill and restart tasks on cue, and write a report.",
     )
-    p.add_argument("--model", default="dlrm", help="model to train (dlrm)")
+    p.add_argument("--model", default="dlrm",
+                   help="dlrm, dcn, or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
     p.add_argument("--data", default="synthetic", help="synthetic | criteo:PATH[,PATH...]")
     p.add_argument("--ps", type=int, default=3, help="parameter server tasks")
     p.add_argument("--workers", type=int, default=2, help="training workers, the chief included")
@@ -149,7 +150,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.spec import MODELS, JobSpec
     from tf_ecrec.launcher.supervisor import Supervisor
 
     job = JobSpec(
@@ -190,6 +191,17 @@ def _run(args: argparse.Namespace) -> int:
         add_workers=parse_add_workers(args.add_worker),
         removes=parse_removes(args.remove_worker),
     )
+    if job.model not in MODELS:
+        # A user's module is imported here first, so a broken one fails before any process starts; the
+        # tasks import it the same way (`python -m` puts the working directory first on sys.path).
+        import os
+        import sys
+
+        from tf_ecrec.launcher.models import load_model
+
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        load_model(job.model)
     Supervisor(job, live=False if args.quiet else None).run()
     return 0
 

@@ -103,3 +103,37 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         assert {"ec/fm_w/ps0/data", "ec/fm_w/ps1/data", "ec/fm_v/ps0/data", "ec/fm_v/ps1/data"} <= names, sorted(names)
     finally:
         job.stop()
+
+
+def _cli_in(cwd, *args):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-m", "tf_ecrec.cli", *args], capture_output=True, text=True,
+                          timeout=900, cwd=cwd, env=env)
+
+
+def test_a_users_model_module_runs_under_the_launcher_with_its_faults_and_report(tmp_path):
+    # `--model wide_deep_model` from the directory holding the module, as `python -m` finds it.
+    model_dir = str(tmp_path / "wide_deep")
+    done = _cli_in(SCRIPTS, "run", "--model", "wide_deep_model", "--model-dir", model_dir, "--fault-tolerance", "ecrec",
+                   "--ec", "1+1", "--ps", "2", "--workers", "2", "--steps", "500", "--table-rows", "500",
+                   "--embedding-dim", "4", "--kill", "ps:1@step=200", "--restart-delay", "1", "--quiet")
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    (rec,) = report["recovery"]
+    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+    parity = report["parity"]
+    assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0 and parity["stripes_checked"] > 0, parity
+    with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
+        names = {v["name"] for v in json.load(fh)["variables"]}
+    assert {"ec/wide/ps0/data", "ec/wide/ps1/data", "ec/deep/ps0/data", "ec/deep/ps1/data"} <= names, sorted(names)
+
+
+def test_a_model_module_that_breaks_the_contract_stops_the_launch_with_its_name(tmp_path):
+    (tmp_path / "no_model_fn.py").write_text("def default_params(**flags):\n    return flags\n")
+    done = _cli_in(str(tmp_path), "run", "--model", "no_model_fn", "--model-dir", str(tmp_path / "m"), "--quiet")
+    assert done.returncode == 2 and "module 'no_model_fn' has no callable model_fn" in done.stderr, done.stderr[-2000:]
+    missing = _cli_in(str(tmp_path), "run", "--model", "not_a_module_here", "--model-dir", str(tmp_path / "m"), "--quiet")
+    assert missing.returncode == 2 and "cannot import module 'not_a_module_here'" in missing.stderr, missing.stderr[-2000:]
+    bad = _cli_in(str(tmp_path), "run", "--model", "my-model", "--model-dir", str(tmp_path / "m"), "--quiet")
+    assert bad.returncode == 2 and "nor a module path" in bad.stderr, bad.stderr[-2000:]

@@ -19,6 +19,8 @@ from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, Rest
 from tf_ecrec.launcher.kill_spec import KillSpec
 
 MODELS = ("dlrm", "dcn")
+# A user's model module (`tf_ecrec.launcher.task.load_model`): a dotted import path.
+_MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -146,7 +148,9 @@ class JobSpec:
 
     def validate(self) -> None:
         """Raises ConfigError for any bad value or combination; see the messages for the rules."""
-        _check(self.model in MODELS, f"--model {self.model!r} is not one of {MODELS}", "--model")
+        _check(self.model in MODELS or _MODULE_PATH.match(self.model) is not None,
+               f"--model {self.model!r} is neither one of {MODELS} nor a module path such as my_pkg.my_model",
+               "--model")
         _check(
             self.data == "synthetic" or (self.data.startswith("criteo:") and len(self.data) > len("criteo:")),
             f"--data {self.data!r} must be 'synthetic' or 'criteo:PATH[,PATH...]'",

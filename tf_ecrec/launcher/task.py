@@ -20,7 +20,6 @@ that lets the launcher read every variable back from the PS tasks.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -34,29 +33,14 @@ from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
+from tf_ecrec.launcher.models import load_model, model_params
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
 from tf_ecrec.ps_session import fast_reconnect, own_server
 
 _LOG = logging.getLogger(__name__)
 
-# The models a job may train, by import path: the launcher imports them only by name (importlib),
-# never statically (tf_ecrec.examples exists only when the package is installed).
-MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn"}
 SPARE_POLL_SECS = 0.2
-
-
-def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
-    d = job.embedding_dim
-    return module.default_params(
-        table_sizes=[job.table_rows] * 26,
-        embedding_dim=d,
-        bottom_mlp=[64, d],
-        optimizer=job.optimizer.value,
-        learning_rate=job.learning_rate,
-        storage=job.table_storage.value,
-        storage_code=job.ec,
-    )
 
 
 def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
@@ -161,7 +145,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     from tf_ecrec.hooks.manifest import VariableManifestHook
     from tf_ecrec.hooks.throughput import ThroughputHook
 
-    module = importlib.import_module(MODEL_MODULES[job.model])
+    module = load_model(job.model)
     params = model_params(job, module)
     model_fn = module.model_fn
     if job.fault_tolerance is FaultTolerance.ECREC:
