@@ -15,6 +15,9 @@ does (``--storage collection``: the same variables, layout and lookups, no
 parity), so that a ratio to ``none`` is the cost of the protection alone;
 ``--storage partitioned`` runs them on stock partitioned variables instead.
 
+The throughput table also lists, per run, the seconds from the last trained
+step to the chief's exit (the report's ``finish_seconds``).
+
 Flags this script does not know go to every ``tf-ecrec run`` as they are
 (``... recovery --configs ecrec-2+1-moved --session-timeout 4``).
 Prints a Markdown table and writes the raw reports to ``--out``.
@@ -91,10 +94,11 @@ def main() -> int:
     print(f"\n{args.mode}: {' '.join(common)}; unprotected tables: {args.storage}; "
           f"{args.repeats} interleaved repeats, medians\n")
     if args.mode == "throughput":
-        print(f"| config | samples/s | ratio to {configs[0]} |\n|---|---|---|")
+        print(f"| config | samples/s | ratio to {configs[0]} | seconds to finish (each run) |\n|---|---|---|---|")
         for name in configs:
             rate = statistics.median(r["samples_per_sec"] for r in results[name])
-            print(f"| {name} | {rate:,.0f} | {rate / base:.3f} |")
+            finish = ", ".join(f"{r.get('finish_seconds') or 0:.1f}" for r in results[name])
+            print(f"| {name} | {rate:,.0f} | {rate / base:.3f} | {finish} |")
     else:
         print("| config | steps rolled back | seconds to resume | seconds to regain | samples/s (overall) |")
         print("|---|---|---|---|---|")

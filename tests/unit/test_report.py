@@ -221,3 +221,14 @@ def test_the_summary_names_a_kill_that_training_never_resumed_after():
     text = summary(report, "/tmp/report.json")
     assert "worker:0 killed at step 9: training did not resume after it" in text
     assert "resumed after 2.0 s, regained step 5 never" in text
+
+
+def test_finish_seconds_run_from_the_last_trained_step_to_the_chiefs_exit():
+    from tf_ecrec.launcher.report import finish_seconds
+
+    t0 = 1000.0
+    timeline = [(t0 + 10.0, 5, 256), (t0 + 12.5, 6, 256), (t0 + 13.0, 6, 0)]  # a report with no records is not a step
+    events = [Event(3.0, "exit", "worker:0", 6), Event(14.0, "exit", "chief:0", 6)]
+    assert finish_seconds(events, timeline, t0) == 1.5
+    assert finish_seconds(events[:1], timeline, t0) is None  # the chief never exited
+    assert finish_seconds(events, [], t0) is None

@@ -48,6 +48,9 @@ Field names are stable (other tools read them):
     (``steps_undone``: their updates removed, their records retrained) or
     finished (``steps_finished``: kept whole), and ``folds_rolled_back``: folds
     of a lost PS's variables beyond their committed prefix (docs/settlement.md).
+``finish_seconds``
+    seconds from the last trained step to the chief's exit (final
+    checkpoint, settlement, sessions closed).
 ``variables_sha256``
     digest of every variable's bytes read from the PS tasks at the end
     (`tf_ecrec.live_cluster`).
@@ -288,12 +291,27 @@ def build_report(
         **({"parity": digest["parity"]} if "parity" in digest else {}),
         "data": data_section(done_reports, data_state, failures),
         "throughput": throughput_series(timeline, t0),
+        "finish_seconds": finish_seconds(events, timeline, t0),
         "memory": {
             task: {"peak_mb": max(mb for _, mb in samples), "samples": [[t, mb] for t, mb in samples]}
             for task, samples in sorted((memory or {}).items())
             if samples
         },
     }
+
+
+def finish_seconds(events: Sequence[Event], timeline: Sequence[tuple[float, int, int]], t0: float) -> float | None:
+    """Seconds from the last trained step (any trainer's last progress report) to the chief's exit.
+
+    What the end of a run costs after training: the final checkpoint, the
+    settlement of steps left behind, the sessions' close.  None if the chief
+    did not exit or nothing trained.
+    """
+    exits = [e.t for e in events if e.kind == "exit" and e.task == "chief:0"]
+    steps = [t - t0 for t, _, records in timeline if records > 0]
+    if not exits or not steps:
+        return None
+    return round(max(0.0, exits[-1] - max(steps)), 3)
 
 
 def data_section(
