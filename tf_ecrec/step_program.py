@@ -27,7 +27,7 @@ def new_step_id(generation: int = 0) -> tf.Tensor:
     if not 0 <= generation <= MAX_GENERATION:
         raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
     high = np.int64(generation) << np.int64(GENERATION_SHIFT)
-    sid = tf.compat.v1.py_func(
+    sid = tf.numpy_function(
         lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
     )
     sid.set_shape([])

@@ -91,7 +91,7 @@ def raising_ready_op(plan: RecoveryPlan) -> tf.Tensor:
             )
         return missing
 
-    checked = tf.compat.v1.py_func(deadline, [names], tf.string, stateful=True, name="ec_ready_deadline")
+    checked = tf.numpy_function(deadline, [names], tf.string, stateful=True, name="ec_ready_deadline")
     checked.set_shape([None])
     return lib.ec_rec_require_empty(checked, retry_micros=int(READY_RETRY_SECS * 1e6), name="ec_ready")
 
