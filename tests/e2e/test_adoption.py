@@ -97,10 +97,12 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         evaluations = re.findall(r"Saving dict for global step (\d+): auc = ([0-9.]+)", job.log("evaluator:0"))
         assert evaluations and int(evaluations[-1][0]) >= 2500, job.log("evaluator:0")[-3000:]
         assert float(evaluations[-1][1]) > 0.7, evaluations  # the protected model learned
-        # No warning of ours on a clean run (TensorFlow's own deprecation notices are not ours to fix).
+        # No warning of ours on a clean run. TensorFlow's notices that tf.estimator itself is deprecated
+        # come with every Estimator call, the user's stock script's included: not ours to remove.
         for task in ("chief:0", "worker:0", "ps:0", "evaluator:0"):
             ours = [line for line in job.log(task).splitlines()
-                    if "WARNING" in line and ("tf_ecrec" in line or "Issue encountered when serializing" in line)]
+                    if "WARNING" in line and ("tf_ecrec" in line or "Issue encountered when serializing" in line)
+                    and "(from tensorflow_estimator." not in line]
             assert not ours, (task, ours[:5])
         # Both tables, the 1-D one included, are striped with parity (not dense replicas).
         with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
