@@ -30,7 +30,7 @@ from tf_ecrec.errors import ConfigError
 
 _LOG = logging.getLogger(__name__)
 
-OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
+OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl", "momentum", "rmsprop")
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "table_sizes": [20000] * NUM_CAT,
@@ -73,6 +73,10 @@ def make_optimizer(name: str, learning_rate: float) -> tf.compat.v1.train.Optimi
         return tf.compat.v1.train.AdamOptimizer(learning_rate * 0.1)
     if name == "ftrl":
         return tf.compat.v1.train.FtrlOptimizer(learning_rate)
+    if name == "momentum":  # momentum 0.9 multiplies the step by 10 in the long run: the rate of sgd
+        return tf.compat.v1.train.MomentumOptimizer(learning_rate * 0.1, momentum=0.9)
+    if name == "rmsprop":  # steps of about the rate per coordinate, as adam's
+        return tf.compat.v1.train.RMSPropOptimizer(learning_rate * 0.1)
     raise ConfigError(f"optimizer {name!r} is not one of {OPTIMIZERS}; source: --optimizer")
 
 

@@ -6,8 +6,8 @@ Wrap the v1 optimizer a model_fn already uses::
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
 
 Supported: the rules of `tf_ecrec.update_rule` (GradientDescent, Adagrad,
-Adam applied lazily, Ftrl), with their hyperparameters read from the wrapped
-optimizer.
+Adam applied lazily, Ftrl, Momentum, RMSProp), with their hyperparameters
+read from the wrapped optimizer.
 
 For each step, `apply_gradients` builds:
 

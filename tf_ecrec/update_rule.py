@@ -5,15 +5,20 @@
 public accessor for them); `UpdateRule.apply` builds the
 ``SparseApply*WithDelta`` op of that rule on a variable and its slots.
 Supported: GradientDescent, Adagrad, Adam (applied lazily: only the touched
-rows' moments change, as in LazyAdam) and Ftrl.
+rows' moments change, as in LazyAdam), Ftrl, Momentum (with or without
+Nesterov) and RMSProp (centered or not, with or without momentum).
+Hyperparameters must be numbers: the rule holds them as constants, so a
+tensor or a callable (a schedule) is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import numbers
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
@@ -27,9 +32,39 @@ class RuleKind(str, enum.Enum):
     ADAGRAD = "adagrad"
     ADAM = "adam"
     FTRL = "ftrl"
+    MOMENTUM = "momentum"
+    RMSPROP = "rmsprop"
 
     def __str__(self) -> str:
         return self.value
+
+
+def _kind_of(optimizer: Any) -> RuleKind | None:
+    """The rule of a stock v1 optimizer's exact class (a subclass may change the update: not read)."""
+    t = tf.compat.v1.train
+    kinds = {
+        t.GradientDescentOptimizer: RuleKind.SGD,
+        t.AdagradOptimizer: RuleKind.ADAGRAD,
+        t.AdamOptimizer: RuleKind.ADAM,
+        t.FtrlOptimizer: RuleKind.FTRL,
+        t.MomentumOptimizer: RuleKind.MOMENTUM,
+        t.RMSPropOptimizer: RuleKind.RMSPROP,
+    }
+    return kinds.get(type(optimizer))
+
+
+def _number(optimizer: Any, attr: str, kind: RuleKind) -> float:
+    """The hyperparameter `attr` of `optimizer` as a float; ConfigError unless it is a number."""
+    value = getattr(optimizer, attr)
+    if isinstance(value, numbers.Real) or (
+        isinstance(value, np.ndarray) and value.shape == () and np.issubdtype(value.dtype, np.number)
+    ):
+        return float(value)
+    raise ConfigError(
+        f"ECOptimizer cannot read {attr.lstrip('_')}={value!r} of {type(optimizer).__name__}: the {kind} rule "
+        "applies its hyperparameters as constants, so each must be a number, not a tensor or a callable "
+        "(a schedule); source: the model_fn's optimizer"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +75,8 @@ class UpdateRule:
       kind: which rule.
       learning_rate: the base learning rate.
       slots: (slot name, initial value) of each optimizer slot, in op order.
-      hyper: the other hyperparameters.
+      hyper: the other hyperparameters (Momentum's ``use_nesterov`` and
+        RMSProp's ``centered`` are booleans).
     """
 
     kind: RuleKind
@@ -52,34 +88,59 @@ class UpdateRule:
     def of(cls, optimizer: tf.compat.v1.train.Optimizer) -> UpdateRule:
         """Reads the update rule of a stock v1 optimizer.
 
+        The slots of Momentum and RMSProp are named as the optimizer names its
+        own (``optimizer.get_name()``, then ``_1``, ``_2`` in creation order)
+        and start where its own do: RMSProp's mean square at ones, the others
+        at zeros.
+
         Raises:
-          ConfigError: an optimizer class tf_ecrec cannot apply with deltas.
+          ConfigError: an optimizer class tf_ecrec cannot apply with deltas, or a
+            hyperparameter that is not a number.
         """
-        t = tf.compat.v1.train
-        if type(optimizer) is t.GradientDescentOptimizer:
-            return cls(RuleKind.SGD, float(optimizer._learning_rate), (), {})
-        if type(optimizer) is t.AdagradOptimizer:
-            init = float(optimizer._initial_accumulator_value)
-            return cls(RuleKind.ADAGRAD, float(optimizer._learning_rate), (("Adagrad", init),), {})
-        if type(optimizer) is t.AdamOptimizer:
-            hyper = {"beta1": float(optimizer._beta1), "beta2": float(optimizer._beta2), "epsilon": float(optimizer._epsilon)}
-            return cls(RuleKind.ADAM, float(optimizer._lr), (("Adam", 0.0), ("Adam_1", 0.0)), hyper)
-        if type(optimizer) is t.FtrlOptimizer:
-            lr = float(optimizer._learning_rate)
+        kind = _kind_of(optimizer)
+        if kind is None:
+            raise ConfigError(
+                f"ECOptimizer cannot apply {type(optimizer).__name__} with parity deltas; supported: "
+                "GradientDescentOptimizer, AdagradOptimizer, AdamOptimizer (applied lazily), FtrlOptimizer, "
+                "MomentumOptimizer, RMSPropOptimizer from tf.compat.v1.train; source: the model_fn's optimizer"
+            )
+
+        def number(attr: str) -> float:
+            return _number(optimizer, attr, kind)
+
+        if kind == RuleKind.SGD:
+            return cls(kind, number("_learning_rate"), (), {})
+        if kind == RuleKind.ADAGRAD:
+            return cls(kind, number("_learning_rate"), (("Adagrad", number("_initial_accumulator_value")),), {})
+        if kind == RuleKind.ADAM:
+            hyper = {"beta1": number("_beta1"), "beta2": number("_beta2"), "epsilon": number("_epsilon")}
+            return cls(kind, number("_lr"), (("Adam", 0.0), ("Adam_1", 0.0)), hyper)
+        if kind == RuleKind.FTRL:
+            lr = number("_learning_rate")
             hyper = {
-                "l1": float(optimizer._l1_regularization_strength),
+                "l1": number("_l1_regularization_strength"),
                 # Ftrl folds beta into l2 the same way.
-                "l2": float(optimizer._l2_regularization_strength) + float(optimizer._beta) / (2.0 * lr),
-                "l2_shrinkage": float(optimizer._l2_shrinkage_regularization_strength),
-                "lr_power": float(optimizer._learning_rate_power),
+                "l2": number("_l2_regularization_strength") + number("_beta") / (2.0 * lr),
+                "l2_shrinkage": number("_l2_shrinkage_regularization_strength"),
+                "lr_power": number("_learning_rate_power"),
             }
-            init = float(optimizer._initial_accumulator_value)
-            return cls(RuleKind.FTRL, lr, (("Ftrl", init), ("Ftrl_1", 0.0)), hyper)
-        raise ConfigError(
-            f"ECOptimizer cannot apply {type(optimizer).__name__} with parity deltas; supported: "
-            "GradientDescentOptimizer, AdagradOptimizer, AdamOptimizer (applied lazily), FtrlOptimizer "
-            "from tf.compat.v1.train; source: the model_fn's optimizer"
-        )
+            return cls(kind, lr, (("Ftrl", number("_initial_accumulator_value")), ("Ftrl_1", 0.0)), hyper)
+        name = optimizer.get_name()
+        if kind == RuleKind.MOMENTUM:
+            hyper = {"momentum": number("_momentum"), "use_nesterov": bool(optimizer._use_nesterov)}
+            return cls(kind, number("_learning_rate"), ((name, 0.0),), hyper)
+        hyper = {
+            "rho": number("_decay"),
+            "momentum": number("_momentum"),
+            "epsilon": number("_epsilon"),
+            "centered": bool(optimizer._centered),
+        }
+        # RMSPropOptimizer creates rms (ones), then mg if centered, then momentum; the ops take (mg,) ms, mom.
+        if hyper["centered"]:
+            slots: tuple[tuple[str, float], ...] = ((f"{name}_1", 0.0), (name, 1.0), (f"{name}_2", 0.0))
+        else:
+            slots = ((name, 1.0), (f"{name}_1", 0.0))
+        return cls(kind, number("_learning_rate"), slots, hyper)
 
     def apply(self, var: tf.Variable, slots: list[tf.Variable], values: tf.Tensor, indices: tf.Tensor,
               step: tf.Variable | None, logged: dict[str, Any]) -> tf.Tensor:
@@ -109,6 +170,17 @@ class UpdateRule:
             return ec_ops.sparse_apply_adam_with_delta(
                 var, slots[0], slots[1], values, indices, lr_t, beta1=b1, beta2=b2, epsilon=h["epsilon"], **logged
             )
+        if self.kind == RuleKind.MOMENTUM:
+            return ec_ops.sparse_apply_momentum_with_delta(
+                var, slots[0], values, indices, lr, h["momentum"], use_nesterov=bool(h["use_nesterov"]), **logged
+            )
+        if self.kind == RuleKind.RMSPROP:
+            rms = {"rho": h["rho"], "momentum": h["momentum"], "epsilon": h["epsilon"]}
+            if h["centered"]:
+                return ec_ops.sparse_apply_centered_rms_prop_with_delta(
+                    var, slots[0], slots[1], slots[2], values, indices, lr, **rms, **logged
+                )
+            return ec_ops.sparse_apply_rms_prop_with_delta(var, slots[0], slots[1], values, indices, lr, **rms, **logged)
         return ec_ops.sparse_apply_ftrl_with_delta(
             var, slots[0], slots[1], values, indices, lr, l1=h["l1"], l2=h["l2"], lr_power=h["lr_power"],
             l2_shrinkage=h["l2_shrinkage"] if h["l2_shrinkage"] > 0 else None, **logged,

@@ -52,6 +52,10 @@ OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
     "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l2_shrinkage_regularization_strength=0.01),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+    "nesterov": lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9, use_nesterov=True),
+    "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, momentum=0.5),
+    "rmsprop_centered": lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, centered=True),
 }
 
 
@@ -135,8 +139,8 @@ def test_a_code_the_cluster_cannot_place_is_a_config_error(cluster):
 
 
 def test_unsupported_optimizer_is_named():
-    with pytest.raises(ConfigError, match=r"cannot apply RMSPropOptimizer"):
-        tf_ecrec.ECOptimizer(tf.compat.v1.train.RMSPropOptimizer(0.1))
+    with pytest.raises(ConfigError, match=r"cannot apply AdadeltaOptimizer"):
+        tf_ecrec.ECOptimizer(tf.compat.v1.train.AdadeltaOptimizer(0.1))
 
 
 def test_lookup_returns_the_rows_of_each_table(cluster):

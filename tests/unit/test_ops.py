@@ -72,6 +72,46 @@ SGD_LR = F32(0.1)
 ADAGRAD_LR = F32(0.05)
 ADAM_HYPER = (F32(0.01), F32(0.9), F32(0.999), F32(1e-7))
 FTRL = {"lr": F32(0.05), "l1": F32(0.01), "l2": F32(0.02)}
+MOMENTUM = {"lr": F32(0.05), "momentum": F32(0.9)}
+RMSPROP = {"lr": F32(0.01), "rho": F32(0.9), "momentum": F32(0.5), "epsilon": F32(1e-7)}
+RMSPROP_NO_MOMENTUM = {**RMSPROP, "momentum": F32(0.0), "epsilon": F32(1e-10)}
+
+
+def _momentum(use_nesterov: bool) -> Optimizer:
+    return Optimizer(
+        "momentum_nesterov" if use_nesterov else "momentum",
+        lambda rng, shape: [rng.normal(size=shape).astype(F32)],
+        lambda v, g, i: ec_ops.sparse_apply_momentum_with_delta(v[0], v[1], g, i, **MOMENTUM, use_nesterov=use_nesterov),
+        lambda v, g, i: tf.raw_ops.ResourceSparseApplyMomentum(
+            var=v[0].handle, accum=v[1].handle, grad=g, indices=i, use_nesterov=use_nesterov, **MOMENTUM
+        ),
+    )
+
+
+def _rmsprop(name: str, hyper: dict[str, np.float32]) -> Optimizer:
+    return Optimizer(
+        name,
+        lambda rng, shape: [_positive(rng, shape), rng.normal(size=shape).astype(F32)],
+        lambda v, g, i: ec_ops.sparse_apply_rms_prop_with_delta(v[0], v[1], v[2], g, i, **hyper),
+        lambda v, g, i: tf.raw_ops.ResourceSparseApplyRMSProp(
+            var=v[0].handle, ms=v[1].handle, mom=v[2].handle, grad=g, indices=i, **hyper
+        ),
+    )
+
+
+def _centered_rmsprop(name: str, hyper: dict[str, np.float32]) -> Optimizer:
+    # mg^2 <= ms at the start keeps ms - mg^2 (and the rsqrt) positive: both moments decay alike.
+    return Optimizer(
+        name,
+        lambda rng, shape: [
+            (rng.normal(size=shape) * 0.1).astype(F32), _positive(rng, shape), rng.normal(size=shape).astype(F32)
+        ],
+        lambda v, g, i: ec_ops.sparse_apply_centered_rms_prop_with_delta(v[0], v[1], v[2], v[3], g, i, **hyper),
+        lambda v, g, i: tf.raw_ops.ResourceSparseApplyCenteredRMSProp(
+            var=v[0].handle, mg=v[1].handle, ms=v[2].handle, mom=v[3].handle, grad=g, indices=i, **hyper
+        ),
+    )
+
 
 OPTIMIZERS = {
     "sgd": Optimizer(
@@ -127,13 +167,26 @@ OPTIMIZERS = {
             lr_power=F32(-0.3), multiply_linear_by_lr=True, **FTRL,
         ),
     ),
+    "momentum": _momentum(use_nesterov=False),
+    "momentum_nesterov": _momentum(use_nesterov=True),
+    "rmsprop": _rmsprop("rmsprop", RMSPROP),
+    "rmsprop_no_momentum": _rmsprop("rmsprop_no_momentum", RMSPROP_NO_MOMENTUM),
+    "centered_rmsprop": _centered_rmsprop("centered_rmsprop", RMSPROP),
+    "centered_rmsprop_no_momentum": _centered_rmsprop("centered_rmsprop_no_momentum", RMSPROP_NO_MOMENTUM),
 }
 
 # Widths around Eigen's 8-float AVX packets (the stock kernels vectorize rows,
-# with a scalar tail), 1 (the stock scalar path) and a few large ones.
+# with a scalar tail), 1 (the stock scalar path of Adagrad and FTRL; the
+# Momentum and RMSProp kernels have none, Eigen's own tail does it) and a few
+# large ones. Momentum's arithmetic rounds alike in packets and scalars, but
+# its operation order still matters: it runs on the rounding widths too.
+ROUNDING = (
+    "adagrad", "ftrl", "ftrl_v2", "ftrl_pow_mul", "momentum", "momentum_nesterov",
+    "rmsprop", "rmsprop_no_momentum", "centered_rmsprop", "centered_rmsprop_no_momentum",
+)
 ROUNDING_DIMS = [1, 2, 4, 5, 7, 8, 12, 16, 21, 64, 130, 1027]
 EXACT_DIMS = [1, 16, 64, 130]
-CASES = [(name, dim) for name in ("adagrad", "ftrl", "ftrl_v2", "ftrl_pow_mul") for dim in ROUNDING_DIMS] + [
+CASES = [(name, dim) for name in ROUNDING for dim in ROUNDING_DIMS] + [
     (name, dim) for name in ("sgd", "adam") for dim in EXACT_DIMS
 ]
 # Variables of other ranks, which the stock kernels view as [rows, prod(rest)].
@@ -275,7 +328,7 @@ def check_large_steps() -> None:
     """
     config = V1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=1)
     for case, (rows, n, dim, repeats) in sorted(LARGE_STEPS.items()):
-        for name in ("sgd", "adagrad", "ftrl_v2"):
+        for name in ("sgd", "adagrad", "ftrl_v2", "centered_rmsprop"):
             optimizer = OPTIMIZERS[name]
             rng = np.random.default_rng(n + dim)
             init = [rng.normal(size=(rows, dim)).astype(F32)] + optimizer.slot_init(rng, (rows, dim))
@@ -330,6 +383,24 @@ V1_OPTIMIZERS = {
         ["accum", "linear"],
         lambda v, g, i: ec_ops.sparse_apply_ftrl_with_delta(
             v[0], v[1], v[2], g, i, 0.05, 0.01, 0.02, -0.5, l2_shrinkage=0.03)),
+    "momentum": (lambda: V1.train.MomentumOptimizer(0.05, 0.9), ["momentum"],
+                 lambda v, g, i: ec_ops.sparse_apply_momentum_with_delta(v[0], v[1], g, i, 0.05, 0.9)),
+    "momentum_nesterov": (
+        lambda: V1.train.MomentumOptimizer(0.05, 0.9, use_nesterov=True), ["momentum"],
+        lambda v, g, i: ec_ops.sparse_apply_momentum_with_delta(v[0], v[1], g, i, 0.05, 0.9, use_nesterov=True)),
+    # The optimizer's defaults: decay 0.9, momentum 0, epsilon 1e-10; its "rms" slot starts at ones.
+    "rmsprop": (lambda: V1.train.RMSPropOptimizer(0.01), ["rms", "momentum"],
+                lambda v, g, i: ec_ops.sparse_apply_rms_prop_with_delta(v[0], v[1], v[2], g, i, 0.01)),
+    "rmsprop_momentum": (
+        lambda: V1.train.RMSPropOptimizer(0.01, decay=0.8, momentum=0.5, epsilon=1e-6), ["rms", "momentum"],
+        lambda v, g, i: ec_ops.sparse_apply_rms_prop_with_delta(v[0], v[1], v[2], g, i, 0.01, 0.8, 0.5, 1e-6)),
+    "rmsprop_centered": (
+        lambda: V1.train.RMSPropOptimizer(0.01, momentum=0.5, centered=True), ["mg", "rms", "momentum"],
+        lambda v, g, i: ec_ops.sparse_apply_centered_rms_prop_with_delta(
+            v[0], v[1], v[2], v[3], g, i, 0.01, momentum=0.5)),
+    "rmsprop_centered_no_momentum": (
+        lambda: V1.train.RMSPropOptimizer(0.01, centered=True), ["mg", "rms", "momentum"],
+        lambda v, g, i: ec_ops.sparse_apply_centered_rms_prop_with_delta(v[0], v[1], v[2], v[3], g, i, 0.01)),
 }
 
 

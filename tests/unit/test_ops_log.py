@@ -71,6 +71,16 @@ APPLY = {
     "ftrl_v2": (2, lambda rng: [_positive(rng), rng.normal(size=(ROWS, DIM)).astype(F32)],
                 lambda v, g, i, **kw: ec_ops.sparse_apply_ftrl_with_delta(
                     v[0], v[1], v[2], g, i, 0.05, 0.01, 0.02, l2_shrinkage=0.03, **kw)),
+    "momentum": (1, lambda rng: [rng.normal(size=(ROWS, DIM)).astype(F32)],
+                 lambda v, g, i, **kw: ec_ops.sparse_apply_momentum_with_delta(
+                     v[0], v[1], g, i, 0.05, 0.9, use_nesterov=True, **kw)),
+    "rmsprop": (2, lambda rng: [_positive(rng), rng.normal(size=(ROWS, DIM)).astype(F32)],
+                lambda v, g, i, **kw: ec_ops.sparse_apply_rms_prop_with_delta(
+                    v[0], v[1], v[2], g, i, 0.01, momentum=0.5, **kw)),
+    "centered_rmsprop": (3, lambda rng: [rng.normal(size=(ROWS, DIM)).astype(F32) * F32(0.1), _positive(rng),
+                                         rng.normal(size=(ROWS, DIM)).astype(F32)],
+                         lambda v, g, i, **kw: ec_ops.sparse_apply_centered_rms_prop_with_delta(
+                             v[0], v[1], v[2], v[3], g, i, 0.01, momentum=0.5, **kw)),
 }
 
 

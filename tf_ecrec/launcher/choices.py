@@ -43,6 +43,8 @@ class Optimizer(str, enum.Enum):
     SGD = "sgd"
     ADAM = "adam"
     FTRL = "ftrl"
+    MOMENTUM = "momentum"
+    RMSPROP = "rmsprop"
 
 
 class OnCorrupt(str, enum.Enum):

@@ -6,6 +6,8 @@ The ops live in the compiled library ``_ec_ops.so`` beside this package
     loader         loads the library on first use, refusing one built for
                    another TensorFlow (OpLibraryError says how to rebuild)
     apply          sparse optimizer updates that return their bitwise delta
+    apply_momentum the same for the rules with a momentum slot (Momentum,
+                   RMSProp)
     parity         folding deltas into parity; routing them to parity chunks
     delta_log_ops  the per-PS delta log: logged updates, fence, commit, undo
     row_words      rows of variables as int32 words: XOR, read, combine, write
@@ -42,6 +44,9 @@ _LAZY = {
     "sparse_apply_adam_with_delta": "apply",
     "sparse_apply_ftrl_with_delta": "apply",
     "sparse_apply_sgd_with_delta": "apply",
+    "sparse_apply_centered_rms_prop_with_delta": "apply_momentum",
+    "sparse_apply_momentum_with_delta": "apply_momentum",
+    "sparse_apply_rms_prop_with_delta": "apply_momentum",
     "parity_update": "parity",
     "route_deltas": "parity",
     "DEFAULT_DELTA_LOG_NAME": "delta_log_ops",

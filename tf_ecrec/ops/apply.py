@@ -20,7 +20,8 @@ the slots in argument order.
 
 Each apply op writes the same bits as the stock TensorFlow 2.15 kernel of its
 optimizer (see ``ops/cc/kernels/optimizer_rules.h``); Adam is the "lazy"
-variant, since TensorFlow has no sparse Adam kernel. With ``log=``, ``sid=``
+variant, since TensorFlow has no sparse Adam kernel. Momentum and RMSProp,
+whose rules keep a momentum slot, are in :mod:`tf_ecrec.ops.apply_momentum`. With ``log=``, ``sid=``
 and ``target=`` a wrapper runs the op's ``...Logged`` variant, which also
 appends the delta to a delta log (:mod:`tf_ecrec.ops.delta_log_ops`).
 
@@ -100,7 +101,7 @@ def sparse_apply_sgd_with_delta(
         int32 ``[n, dim]``: ``bitcast(old) ^ bitcast(new)`` of each touched row
         at its first occurrence in ``indices``, zeros at later occurrences.
     """
-    return _apply(
+    return apply_op(
         "ec_rec_sparse_apply_sgd_with_delta",
         log_inputs(log, sid, target, bypass_fence),
         {"var": var},
@@ -141,7 +142,7 @@ def sparse_apply_adagrad_with_delta(
         int32 ``[n, 2 * dim]``: ``[var | accum]`` old ^ new bits at the first
         occurrence of each id, zeros at later occurrences.
     """
-    return _apply(
+    return apply_op(
         "ec_rec_sparse_apply_adagrad_with_delta",
         log_inputs(log, sid, target, bypass_fence),
         {"var": var, "accum": accum},
@@ -213,7 +214,7 @@ def sparse_apply_adam_with_delta(
         int32 ``[n, 3 * dim]``: ``[var | m | v]`` old ^ new bits at the first
         occurrence of each id, zeros at later occurrences.
     """
-    return _apply(
+    return apply_op(
         "ec_rec_sparse_apply_lazy_adam_with_delta",
         log_inputs(log, sid, target, bypass_fence),
         {"var": var, "m": m, "v": v},
@@ -272,7 +273,7 @@ def sparse_apply_ftrl_with_delta(
     if l2_shrinkage is not None and not (isinstance(l2_shrinkage, numbers.Real) and l2_shrinkage <= 0):
         hyper["l2_shrinkage"] = l2_shrinkage
         op = "ec_rec_sparse_apply_ftrl_v2_with_delta"
-    return _apply(
+    return apply_op(
         op,
         log_inputs(log, sid, target, bypass_fence),
         {"var": var, "accum": accum, "linear": linear},
@@ -284,7 +285,7 @@ def sparse_apply_ftrl_with_delta(
     )
 
 
-def _apply(
+def apply_op(
     op: str,
     logged: dict[str, Any] | None,
     tables: dict[str, VariableLike],
@@ -295,6 +296,8 @@ def _apply(
     **attrs: Any,
 ) -> tf.Tensor:
     """Builds apply op ``op`` (or, with ``logged``, its logged variant) from the wrappers' arguments.
+
+    Shared by the wrappers of this module and of :mod:`tf_ecrec.ops.apply_momentum`.
 
     Args:
         op: The generated function of the unlogged op.

@@ -12,6 +12,8 @@
 //   FTRL     ResourceSparseApplyFtrl / ResourceSparseApplyFtrlV2.
 //   LazyAdam gather / cwise math / scatter of stock ops, see LazyAdamRule.
 //
+// The rules with a momentum slot (Momentum, RMSProp) are in momentum_rules.h.
+//
 // The stock kernels evaluate rows of width > 1 with Eigen expressions over
 // `chip<0>` of the row-major [rows, dim] map, and rows of width 1 with scalar
 // code, and the two paths do not round alike (Adagrad's vectorized `rsqrt` is

@@ -16,6 +16,7 @@
 #include "ops/cc/kernels/delta_log.h"
 #include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/momentum_rules.h"
 #include "ops/cc/kernels/optimizer_rules.h"
 #include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/row_shards.h"
@@ -226,6 +227,10 @@ EC_REC_REGISTER_APPLY("EcRec>SparseApplyAdagradWithDelta", AdagradRule);
 EC_REC_REGISTER_APPLY("EcRec>SparseApplyLazyAdamWithDelta", LazyAdamRule);
 EC_REC_REGISTER_APPLY("EcRec>SparseApplyFtrlWithDelta", FtrlRule<false>);
 EC_REC_REGISTER_APPLY("EcRec>SparseApplyFtrlV2WithDelta", FtrlRule<true>);
+EC_REC_REGISTER_APPLY("EcRec>SparseApplyMomentumWithDelta", MomentumRule);
+EC_REC_REGISTER_APPLY("EcRec>SparseApplyRMSPropWithDelta", RmsPropRule<false>);
+EC_REC_REGISTER_APPLY("EcRec>SparseApplyCenteredRMSPropWithDelta",
+                      RmsPropRule<true>);
 
 #undef EC_REC_REGISTER_APPLY
 

@@ -1,5 +1,6 @@
 // Op definitions of tf_ecrec: sparse optimizer steps that report the bitwise
-// change they made, and the parity update that consumes it.
+// change they made (those of the rules with a momentum slot are in
+// momentum_ops.cc), and the parity update that consumes it.
 //
 // Contract shared by the EcRec>SparseApply*WithDelta ops
 // ------------------------------------------------------
@@ -26,7 +27,8 @@
 // nothing.
 //
 // Values written are bit-identical to the stock TensorFlow 2.15 kernels named
-// in each op (see ops/cc/kernels/optimizer_rules.h for how).
+// in each op (see ops/cc/kernels/optimizer_rules.h and momentum_rules.h for
+// how).
 //
 // Logged variants
 // ---------------
@@ -46,17 +48,14 @@
 // unless its `bypass_fence` attr is set (recovery finishing a step). See
 // ops/cc/ops/delta_log_ops.cc for the log itself.
 
-#include <string>
 #include <vector>
 
-#include "absl/strings/str_join.h"
-
+#include "ops/cc/ops/apply_op_def.h"
 #include "ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/lib/core/errors.h"
-#include "tensorflow/core/lib/strings/strcat.h"
 
 namespace tensorflow {
 namespace ec_rec {
@@ -76,44 +75,6 @@ Status MergeHandleWidth(InferenceContext* c, int input, DimensionHandle* width) 
   return c->Merge(c->Dim(value, 1), *width, width);
 }
 
-// Shape function of an apply op with `num_tables` variables (var + slots) at
-// inputs [0, num_tables), float scalars at `scalars`, grad and indices:
-// delta is [n, num_tables * prod(var.shape[1:])].
-Status SparseApplyWithDeltaShape(InferenceContext* c, int num_tables,
-                                 const std::vector<int>& scalars,
-                                 int grad_input, int indices_input) {
-  ShapeHandle unused;
-  for (int input : scalars) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(input), 0, &unused));
-  }
-  ShapeHandle grad;
-  ShapeHandle indices;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(grad_input), 1, &grad));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(indices_input), 1, &indices));
-  DimensionHandle n;
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(grad, 0), c->Dim(indices, 0), &n));
-  ShapeHandle row;
-  TF_RETURN_IF_ERROR(c->Subshape(grad, 1, &row));
-  for (int t = 0; t < num_tables; ++t) {
-    const auto* handle_data = c->input_handle_shapes_and_types(t);
-    if (handle_data == nullptr || handle_data->empty()) continue;
-    ShapeHandle value;
-    ShapeHandle value_row;
-    TF_RETURN_IF_ERROR(c->WithRankAtLeast((*handle_data)[0].shape, 1, &value));
-    TF_RETURN_IF_ERROR(c->Subshape(value, 1, &value_row));
-    TF_RETURN_IF_ERROR(c->Merge(row, value_row, &row));
-  }
-  DimensionHandle width = c->UnknownDim();
-  if (c->RankKnown(row)) {
-    width = c->MakeDim(num_tables);
-    for (int d = 0; d < c->Rank(row); ++d) {
-      TF_RETURN_IF_ERROR(c->Multiply(width, c->Dim(row, d), &width));
-    }
-  }
-  c->set_output(0, c->Matrix(n, width));
-  return OkStatus();
-}
-
 Status ParityUpdateShape(InferenceContext* c) {
   int field_bits;
   TF_RETURN_IF_ERROR(c->GetAttr("field_bits", &field_bits));
@@ -130,63 +91,6 @@ Status ParityUpdateShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Merge(c->Dim(rows, 0), c->Dim(delta, 0), &n));
   DimensionHandle width = c->Dim(delta, 1);
   return MergeHandleWidth(c, 0, &width);
-}
-
-// The inputs, attrs and shape of an EcRec>SparseApply*WithDelta op. Its
-// ...Logged variant has the same plus (log, sid, target) after the inputs and
-// `bypass_fence` after Tindices.
-struct ApplyOp {
-  const char* name;
-  const char* logged_name;
-  std::vector<const char*> inputs;  // var, slots, then the op's own order
-  std::vector<const char*> attrs;   // after Tindices (and bypass_fence)
-  int num_tables;                   // var + slots, inputs [0, num_tables)
-  std::vector<int> scalars;         // the float scalar inputs
-  int grad_input;
-  int indices_input;
-};
-
-// The documentation of the logged variant of `op`.
-std::string LoggedApplyDoc(const ApplyOp& op) {
-  std::vector<std::string> tables;
-  for (int t = 0; t < op.num_tables; ++t) {
-    const std::string input = op.inputs[t];
-    tables.push_back(input.substr(0, input.find(':')));
-  }
-  const bool one = op.num_tables == 1;
-  return strings::StrCat(
-      "\n", op.name, " that also logs its delta.\n\n",
-      "Appends (sid, target, source=-1, distinct rows ascending, their [n, ",
-      one ? "dim" : strings::StrCat(op.num_tables, " * dim"), "]\n",
-      one ? "" : strings::StrCat("[", absl::StrJoin(tables, " | "), "] "),
-      "old ^ new bits) to `log` under ",
-      one ? "var's lock" : "the variables' locks", ".\n");
-}
-
-InitOnStartupMarker RegisterApplyOp(const ApplyOp& op, bool logged,
-                                    const std::string& doc) {
-  register_op::OpDefBuilderWrapper b(logged ? op.logged_name : op.name);
-  for (const char* input : op.inputs) b.Input(input);
-  if (logged) b.Input("log: resource").Input("sid: int64").Input("target: int32");
-  b.Output("delta: int32").Attr("Tindices: {int32, int64} = DT_INT64");
-  if (logged) b.Attr("bypass_fence: bool = false").SetIsStateful();
-  for (const char* attr : op.attrs) b.Attr(attr);
-  const int log_input = logged ? static_cast<int>(op.inputs.size()) : -1;
-  b.SetShapeFn([op, log_input](InferenceContext* c) {
-    if (log_input >= 0) {
-      TF_RETURN_IF_ERROR(ScalarInputs(c, log_input + 1, log_input + 3));
-    }
-    return SparseApplyWithDeltaShape(c, op.num_tables, op.scalars,
-                                     op.grad_input, op.indices_input);
-  });
-  b.Doc(doc);
-  return b();
-}
-
-// Registers `op`, documented by `doc`, and its logged variant.
-InitOnStartupMarker RegisterApplyOps(const ApplyOp& op, const char* doc) {
-  RegisterApplyOp(op, /*logged=*/false, doc);
-  return RegisterApplyOp(op, /*logged=*/true, LoggedApplyDoc(op));
 }
 
 // The inputs of the FTRL ops; with `shrinkage` (FtrlV2), l2_shrinkage too.
