@@ -6,4 +6,5 @@ export DEBIAN_FRONTEND=noninteractive
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq zookeeper > /dev/null
+# iproute2: `ip netns` makes the hosts of the multi-host tests (tests/e2e/test_multi_host.py).
+$sudo apt-get install -y -qq zookeeper iproute2 > /dev/null

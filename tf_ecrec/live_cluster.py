@@ -85,6 +85,37 @@ class ArrayReader:
         return [np.asarray(self._values[n]) if rows is None else np.asarray(self._values[n])[rows] for n, rows in requests]
 
 
+def dial_back_address(ps_addresses: Sequence[str]) -> str:
+    """A free address of this machine that the PS tasks at `ps_addresses` can reach, for a reader's server.
+
+    A PS pulls the row indices fed to a gather from the server of the
+    session that fed them, so that server must listen where the PS hosts can
+    dial: the source address of this machine's route to the first PS
+    (127.0.0.1 when the PS tasks run here; the machine's address on their
+    network when they run on other hosts).
+
+    Raises:
+      ConfigError: no PS address, or one that is not ``host:port``.
+      RecoveryError: the first PS's host does not resolve or has no route.
+    """
+    if not ps_addresses:
+        raise ConfigError("no PS addresses to read from; source: the PS addresses")
+    host, _, port = ps_addresses[0].rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"PS address {ps_addresses[0]!r}; rule: host:port; source: the PS addresses")
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)  # sends nothing: picks the route and its source address
+            local = probe.getsockname()[0]
+        with socket.socket(family, socket.SOCK_STREAM) as free:
+            free.bind((local, 0))
+            chosen = free.getsockname()[1]
+    except OSError as exc:
+        raise RecoveryError(f"no route to PS {ps_addresses[0]!r} ({exc}); is its host reachable from here?") from exc
+    return f"[{local}]:{chosen}" if family == socket.AF_INET6 else f"{local}:{chosen}"
+
+
 class PsReader:
     """Rows of the manifest's variables, read from the live PS tasks in bounded calls.
 
@@ -96,7 +127,8 @@ class PsReader:
     keep each call under `READ_BYTES` (gRPC cannot carry a message over 2 GB).
     The session reaches the PS tasks through the addresses it carries
     (ClusterSpec propagation): a PS's own cluster spec may name a peer at an
-    address it has left (``--restart-at new-port``).
+    address it has left (``--restart-at new-port``).  Its own server listens
+    at `dial_back_address`, where the PS tasks can pull fed row indices from.
 
     Raises (from the constructor and `read`):
       RecoveryError: a PS cannot be reached or a variable is missing or
@@ -122,9 +154,7 @@ class PsReader:
                     if r["shape"]:
                         rows = tf.compat.v1.placeholder(tf.int32, [None])
                         self._gather[r["name"]] = (rows, tf.raw_ops.ResourceGather(resource=handle, indices=rows, dtype=dtype))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            address = f"127.0.0.1:{s.getsockname()[1]}"
+        address = dial_back_address(self._ps)
         self._server = own_server(address)
         config = propagated_config({"ps": self._ps, "reader": [address]}, timeout_secs)
         self._session = tf.compat.v1.Session(self._server.target, graph=self._graph, config=config)

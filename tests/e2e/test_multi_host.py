@@ -1,0 +1,186 @@
+"""PS tasks and trainers on separate hosts (network namespaces): a PS moved to another host, a PS cut off.
+
+The job is a protected script in the public style (``tests/adoption/fm_protected.py``,
+``tf_ecrec.train_and_evaluate``), one process per task with its TF_CONFIG, as
+a TF_CONFIG launcher starts it: ps:0 on host a, ps:1 on host b, the chief and
+a worker on host c; every task listens at its host's address.  The trainers
+follow a cluster file (``TF_ECREC_CLUSTER_FILE``, TF_CONFIG's cluster dict),
+which the test writes as an operator would: a lost PS listed with an empty
+address, then its replacement's address once it listens.  ``probe`` is a host
+of its own for the checks (``tf-ecrec verify``, direct reads of a PS).
+
+What the job does when a PS host is cut off (the zombie case): the PS process
+lives on but nothing reaches it, so the trainers' steps on it time out
+(``session_timeout_secs``) and they wait for the cluster file to name every
+PS; the operator replaces the PS on another host, the chief rebuilds it from
+parity (as for a dead PS) and training goes on.  When the cut host comes
+back, its PS still runs with the state it had at the cut; the job's sessions
+name only the replacement, so the zombie is never read or written again, and
+the job's parity is exact against the replacement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from harness.netns import HostCluster, Network, hosts, unavailable
+
+from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "tests", "adoption", "fm_protected.py")
+DIGEST = os.path.join(REPO, "tests", "harness", "ps_digest.py")
+PORT = 2222
+TRAINERS = ("chief:0", "worker:0")
+
+
+@pytest.fixture
+def net():
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with hosts(["a", "b", "c", "d", "probe"]) as network:
+        yield network
+
+
+def _job(tmp_path, net: Network) -> tuple[HostCluster, str, str, str]:
+    """The job (not started), its model dir, cluster file and stop file."""
+    model_dir, cluster_file, stop = str(tmp_path / "model"), str(tmp_path / "cluster.json"), str(tmp_path / "stop")
+    command = [sys.executable, SCRIPT, "--model_dir", model_dir, "--max_steps", "1000000",
+               "--session_timeout_secs", "10", "--stop_file", stop]
+    placement = {"ps:0": net["a"], "ps:1": net["b"], "chief:0": net["c"], "worker:0": net["c"]}
+    job = HostCluster(command, placement, str(tmp_path / "logs"), env={ENV_CLUSTER_FILE: cluster_file}, port=PORT)
+    write_cluster_file(cluster_file, job.cluster)
+    return job, model_dir, cluster_file, stop
+
+
+def _replace_ps1(job: HostCluster, net: Network, cluster_file: str) -> str:
+    """What an operator does for a lost ps:1: list it as not alive, start it on host d, publish its address."""
+    write_cluster_file(cluster_file, {**job.cluster, "ps": [job.address("ps:0"), ""]})
+    address = job.move("ps:1", net["d"])
+    job.start("ps:1")
+    proc = job.tasks["ps:1"]
+    net["d"].wait_listening(int(address.rsplit(":", 1)[1]), timeout=120, alive=lambda: proc.poll() is None)
+    write_cluster_file(cluster_file, job.cluster)
+    return address
+
+
+def _recoveries(model_dir: str) -> list[dict]:
+    path = os.path.join(model_dir, "recovery.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _wait_for_rebuild(job: HostCluster, model_dir: str, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [e for e in _recoveries(model_dir) if e["lost_ps"] == [1]]
+        if found:
+            return found[0]
+        for task in TRAINERS:
+            assert job.tasks[task].poll() is None, f"{task} exited:\n{job.log(task)[-4000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"no recovery of ps:1 in {timeout} s: {_recoveries(model_dir)}\n{job.log('chief:0')[-4000:]}")
+
+
+def _finish(job: HostCluster, stop: str) -> None:
+    with open(stop, "w", encoding="utf-8"):
+        pass
+    codes = job.wait(list(TRAINERS), timeout=240)
+    assert codes == dict.fromkeys(TRAINERS, 0), {t: job.log(t)[-4000:] for t in TRAINERS}
+
+
+def _on(host, argv: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(host.run(argv), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _verify(net: Network, job: HostCluster, model_dir: str) -> dict:
+    """``tf-ecrec verify`` from the probe host against the PS addresses the job uses now."""
+    ps = ",".join(job.cluster["ps"])
+    done = _on(net["probe"], [sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", model_dir, "--ps", ps],
+               job.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] > 0, result
+    return result
+
+
+def _digest(net: Network, job: HostCluster, model_dir: str, ps: list[str]) -> dict:
+    """What ps:1 at ``ps[1]`` holds, read from the probe host (`harness.ps_digest`)."""
+    done = _on(net["probe"], [sys.executable, DIGEST, os.path.join(model_dir, "variables.json"), ",".join(ps), "1"],
+               job.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_a_ps_that_comes_back_on_another_host_is_rebuilt_from_parity(tmp_path, net):
+    job, model_dir, cluster_file, stop = _job(tmp_path, net)
+    try:
+        job.start_all()
+        killed_at = job.wait_for_step(300, timeout=240)
+        job.kill("ps:1")  # host b stays up; the PS comes back on host d, at d's address
+        address = _replace_ps1(job, net, cluster_file)
+        assert address.startswith(net["d"].address + ":")
+        rebuilt = _wait_for_rebuild(job, model_dir, timeout=180)
+        job.wait_for_step(rebuilt["global_step"] + 300, timeout=240)
+        _finish(job, stop)
+
+        assert rebuilt["method"] == "parity" and rebuilt["steps_rolled_back"] == 0, _recoveries(model_dir)
+        assert rebuilt["global_step"] >= killed_at, rebuilt
+        assert "Restoring parameters from" not in job.log("chief:0")  # no checkpoint was read
+        _verify(net, job, model_dir)
+    finally:
+        job.stop()
+
+
+def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_path, net):
+    job, model_dir, cluster_file, stop = _job(tmp_path, net)
+    zombie = None
+    try:
+        job.start_all()
+        job.wait_for_step(300, timeout=240)
+        zombie, zombie_address = job.tasks["ps:1"], job.address("ps:1")
+        net["b"].link_down()  # ps:1 runs on, unreachable
+        cut = time.time()
+        _replace_ps1(job, net, cluster_file)
+        rebuilt = _wait_for_rebuild(job, model_dir, timeout=180)
+        assert rebuilt["method"] == "parity" and rebuilt["steps_rolled_back"] == 0, _recoveries(model_dir)
+        job.wait_for_step(rebuilt["global_step"] + 100, timeout=240)
+        cut_for = time.time() - cut
+
+        net["b"].link_up()  # the zombie is reachable again, still alive, its old cluster in its TF_CONFIG
+        assert zombie.poll() is None, "the cut-off PS died; the test needs it alive"
+        old_ps = [job.address("ps:0"), zombie_address]
+        seen = _digest(net, job, model_dir, old_ps)
+        peers = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
+        at_reconnect = job.last_step()
+        job.wait_for_step(at_reconnect + 300, timeout=240)  # training goes on with the zombie reachable
+        _finish(job, stop)
+        final = job.last_step()
+
+        # Nothing of the job reached the zombie once it was back: not a byte on a connection of a job host,
+        # not a change in any of its variables, and its copy of the global step is from before the cut.
+        later = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
+        assert all(peers.get(p) == n for p, n in later.items()), (peers, later)
+        assert _digest(net, job, model_dir, old_ps) == seen
+        steps = {name: value for name, value in seen["scalars"].items() if "global_step" in name}
+        assert steps, seen["scalars"]
+        assert all(value <= rebuilt["global_step"] + len(TRAINERS) for value in steps.values()), (steps, rebuilt)
+        assert final >= rebuilt["global_step"] + 400
+        print(f"cut off for {cut_for:.1f} s; zombie's global step copies {steps}, job's final step {final}; "
+              f"connections to the zombie after it came back: {later}")
+
+        _verify(net, job, model_dir)  # exact against the replacement on host d
+        assert "Restoring parameters from" not in job.log("chief:0")
+    finally:
+        job.stop()
+        if zombie is not None and zombie.poll() is None:
+            zombie.kill()
+            zombie.wait(timeout=30)
