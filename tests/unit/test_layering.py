@@ -71,6 +71,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.failover": 4,
     # 5 launch: processes, the command line, the example models.
     "tf_ecrec.launcher": 5,
+    "tf_ecrec.launcher.k8s": 5,  # the pod entry of deploy/ (docs/kubernetes.md)
     "tf_ecrec.cli": 5,
     "tf_ecrec.estimator_job": 5,
     "tf_ecrec.examples": 5,

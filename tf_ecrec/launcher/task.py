@@ -15,7 +15,10 @@ TensorFlow server, and then:
   launcher's status channel when ``TF_ECREC_STATUS_ADDRESS`` is set.
 
 The chief also writes the variable manifest (``<model_dir>/variables.json``)
-that lets the launcher read every variable back from the PS tasks.
+that lets the launcher read every variable back from the PS tasks, and, under
+ecrec, ``<model_dir>/recovery.jsonl`` (one line per recovery, as
+`tf_ecrec.estimator_job.RecoveryLog` writes it), the report a job started by
+another launcher (``deploy/``, `tf_ecrec.launcher.k8s`) has.
 """
 
 from __future__ import annotations
@@ -148,12 +151,19 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     module = load_model(job.model)
     params = model_params(job, module)
     model_fn = module.model_fn
+    extra_hooks: list[Any] = []
     if job.fault_tolerance is FaultTolerance.ECREC:
         from tf_ecrec.ec_config import ECConfig
         from tf_ecrec.model_fn import ec_model_fn
 
         params["ec"] = True
         recovery = _report_recovery(cluster)
+        if cluster.is_chief:  # <model_dir>/recovery.jsonl, as tf_ecrec.train writes it (read without a launcher)
+            from tf_ecrec.estimator_job import RECOVERY_FILE, RecoveryLog, StepWatch
+
+            watch = StepWatch()
+            extra_hooks.append(watch)
+            recovery = RecoveryLog(os.path.join(job.model_dir, RECOVERY_FILE), cluster.task, watch, then=recovery)
         if master is not None:  # the chief's shard-progress rollback follows the recovery's method
             recovery = master.recovery_listener(recovery)
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
@@ -196,6 +206,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     if cluster.is_chief:
         hooks.append(VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)))
     hooks += master.hooks() if master is not None else []
+    hooks += extra_hooks
 
     def build(at: ClusterConfig, session_config: Any = None) -> Any:
         with tf_config_env(at):
