@@ -28,6 +28,7 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "killed_at_step": 1200,
         "resumed_from_step": 1000,
         "steps_rolled_back": 200,
+        "steps_undone": 0,
         "seconds_to_resume": 7.0,
         "seconds_to_regain": 11.0,
         "method": "checkpoint",
@@ -232,3 +233,21 @@ def test_finish_seconds_run_from_the_last_trained_step_to_the_chiefs_exit():
     assert finish_seconds(events, timeline, t0) == 1.5
     assert finish_seconds(events[:1], timeline, t0) is None  # the chief never exited
     assert finish_seconds(events, [], t0) is None
+
+
+def test_a_step_the_failure_cut_and_settlement_undid_is_not_a_rollback():
+    # A worker died mid-step (its increment reached the global step: 303), then a PS died before the step was
+    # settled; the parity recovery undid the cut step and the job went on from 302: nothing completed was lost.
+    events = [
+        Event(20.0, "kill", "ps:1", 303),
+        Event(21.0, "restart", "ps:1", 303),
+        Event(29.0, "recovered", "chief:0", 302, {"method": "parity", "steps_undone": 1}),
+        Event(29.2, "session", "worker:0", 302),
+        Event(29.5, "resumed", "ps:1", 302),
+    ]
+    (entry,) = recovery_entries(events)
+    assert (entry["resumed_from_step"], entry["steps_undone"], entry["steps_rolled_back"]) == (302, 1, 0)
+    # Under a checkpoint restore the same figures are a rollback: nothing is discounted.
+    events[2] = Event(29.0, "recovered", "chief:0", 302, {"method": "checkpoint", "steps_undone": 1})
+    (entry,) = recovery_entries(events)
+    assert (entry["steps_undone"], entry["steps_rolled_back"]) == (0, 1)

@@ -18,7 +18,11 @@ Field names are stable (other tools read them):
     one entry per kill: ``task``, ``killed_at_step``, ``resumed_from_step``
     (the lowest global step seen after the kill, i.e. the step the job went
     on from: the restored checkpoint's step under checkpointing; with several
-    workers it may read up to workers - 1 steps high), ``steps_rolled_back``, ``seconds_to_resume`` (kill
+    workers it may read up to workers - 1 steps high), ``steps_rolled_back``
+    (completed steps lost: ``killed_at_step - resumed_from_step`` less
+    ``steps_undone``), ``steps_undone`` (for "parity": steps the failure cut
+    mid-step that settlement undid; their global-step increments go with
+    them, their records are retrained), ``seconds_to_resume`` (kill
     until the first step after it completed), ``seconds_to_regain`` (kill
     until the global step was back at ``killed_at_step``), ``method``
     ("parity": rebuilt from parity and replicas; "checkpoint": every variable
@@ -157,12 +161,17 @@ def recovery_entries(
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
         failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") in ("build", "retarget") and e.t <= upto]
         phases_event = background or recovered
+        # Steps a failure cut (their trainer or a PS died mid-step) that settlement undid: their global-step
+        # increment goes with them and their records are retrained; they never completed, so the global
+        # step they take back is not a rollback (docs/settlement.md).
+        undone = int((recovered.extra.get("steps_undone") or 0) if recovered is not None and method == "parity" else 0)
         out.append(
             {
                 "task": kill.task,
                 "killed_at_step": kill.global_step,
                 "resumed_from_step": resumed_from,
-                "steps_rolled_back": None if resumed_from is None else max(0, kill.global_step - resumed_from),
+                "steps_rolled_back": None if resumed_from is None else max(0, kill.global_step - resumed_from - undone),
+                "steps_undone": undone,
                 "seconds_to_resume": None if resumed is None else round(resumed.t - kill.t, 3),
                 "seconds_to_regain": None if regained is None else round(regained.t - kill.t, 3),
                 "method": method,
