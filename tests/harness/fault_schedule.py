@@ -616,10 +616,19 @@ class Sequence:
         return sid in self.ok
 
 
-def run_sequences(target: str, seeds: list[int], until_violation: bool = False, **kwargs: Any) -> Stats:
-    """Runs a sequence per seed; with `until_violation`, stops after the first that found one (mutation tests)."""
+def run_sequences(target: str, seeds: list[int], until_violation: bool = False,
+                  enough: Callable[[Stats], bool] | None = None, max_extra: int = 3, **kwargs: Any) -> Stats:
+    """Runs a sequence per seed; with `until_violation`, stops after the first that found one (mutation tests).
+
+    What a seeded sequence does depends on timing (a kill lands before or after a step's commit; two
+    kills beyond r end a sequence early), so the coverage a test asks for (`enough`) is reached by
+    running up to `max_extra` more seeds after `seeds` while it is not; the caller still asserts it.
+    """
     total = Stats()
-    for seed in seeds:
+    extra = [seeds[-1] + 1 + i for i in range(max_extra)] if enough is not None and seeds else []
+    for index, seed in enumerate([*seeds, *extra]):
+        if index >= len(seeds) and enough is not None and enough(total):
+            break
         total.add(Sequence(target, seed, **kwargs).run())
         if until_violation and total.violations:
             break
