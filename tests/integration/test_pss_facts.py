@@ -1,0 +1,161 @@
+"""Facts of TensorFlow 2.15's ParameterServerStrategy the TF2 design stands on (docs/pss.md).
+
+Each case runs in a fresh interpreter: a strategy connects the process's eager context to its
+cluster, which no other test of this process may inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+
+SERVER = """
+import json, sys
+import tensorflow as tf
+spec, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index, protocol="grpc", start=True)
+print("up", flush=True)
+server.join()
+"""
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def _exit_with(case: Callable[[], None]) -> None:
+    """Runs `case`; leaves at once (the coordinator's threads would wait on the cluster), 1 on failure."""
+    code = 0
+    try:
+        case()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _cluster(num_ps: int) -> tuple[dict[str, list[str]], dict[tuple[str, int], subprocess.Popen[str]], Callable[[str, int], None]]:
+    spec = {"worker": [f"localhost:{_port()}"], "ps": [f"localhost:{_port()}" for _ in range(num_ps)],
+            "chief": [f"localhost:{_port()}"]}
+    procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
+
+    def start(job: str, index: int) -> None:
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(spec), job, str(index)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        procs[(job, index)] = proc
+
+    start("worker", 0)
+    for index in range(num_ps):
+        start("ps", index)
+    return spec, procs, start
+
+
+def _strategy(spec):
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+def placement_case() -> None:
+    def case() -> None:
+        import tensorflow as tf
+
+        spec, procs, _ = _cluster(3)
+        try:
+            strategy = _strategy(spec)
+            with strategy.scope():
+                anchors = [tf.Variable(0, name=f"anchor{i}") for i in range(3)]
+                assert [tf.DeviceSpec.from_string(a.device).task for a in anchors] == [0, 1, 2]
+                wanted = [2, 0, 1, 2, 2]
+                chunks = []
+                for j, ps in enumerate(wanted):
+                    with strategy.extended.colocate_vars_with(anchors[ps]):
+                        chunks.append(tf.Variable(tf.zeros([8, 2]), name=f"chunk{j}"))
+                optimizer = tf.keras.optimizers.Adagrad(0.1)
+                optimizer.build(chunks)
+            # The chosen PS, not the creation counter's (which would give 0, 1, 2, 0, 1 after the anchors).
+            assert [tf.DeviceSpec.from_string(c.device).task for c in chunks] == wanted
+            slots = {v.name.split("/")[-1].split(":")[0]: tf.DeviceSpec.from_string(v.device).task
+                     for v in optimizer.variables if v.name.startswith("accumulator/")}
+            assert slots == {f"chunk{j}": ps for j, ps in enumerate(wanted)}, slots  # slots follow their variable
+        finally:
+            for proc in procs.values():
+                proc.kill()
+
+    _exit_with(case)
+
+
+def restart_case() -> None:
+    def case() -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        spec, procs, start = _cluster(2)
+        try:
+            strategy = _strategy(spec)
+            coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+            with strategy.scope():
+                anchors = [tf.Variable(0, name=f"anchor{i}") for i in range(2)]
+                with strategy.extended.colocate_vars_with(anchors[0]):
+                    v0 = tf.Variable(tf.ones([4]), name="v0")
+                with strategy.extended.colocate_vars_with(anchors[1]):
+                    v1 = tf.Variable(tf.ones([4]), name="v1")
+
+            @tf.function
+            def step():
+                v0.assign_add(tf.ones([4]))
+                v1.assign_add(tf.ones([4]))
+                return v0.read_value()[0]
+
+            for _ in range(3):
+                coordinator.schedule(step)
+            coordinator.join()
+            assert list(v0.numpy()) == [4.0] * 4 and list(v1.numpy()) == [4.0] * 4
+            procs[("ps", 1)].kill()
+            procs[("ps", 1)].wait()
+            try:
+                coordinator.schedule(step)
+                coordinator.join()
+                raise AssertionError("a step after a PS died did not fail")
+            except tf.errors.UnavailableError:
+                pass
+            start("ps", 1)  # the same address
+            survivor = v0.numpy()
+            assert survivor[0] >= 4.0  # the survivor kept its state (and maybe the cut step's update)
+            try:
+                v1.numpy()
+                raise AssertionError("a variable of the restarted PS was still readable")
+            except tf.errors.AbortedError as exc:
+                assert "context_id" in str(exc), exc
+            context.context().update_server_def(context.context()._server_def)
+            assert list(v0.numpy()) == list(survivor)  # its handle still works after the update
+            try:
+                v1.assign(tf.zeros([4]))
+                raise AssertionError("a variable of the restarted PS was usable after update_server_def")
+            except tf.errors.InvalidArgumentError as exc:
+                assert "invalid device" in str(exc), exc
+        finally:
+            for proc in procs.values():
+                proc.kill()
+
+    _exit_with(case)
+
+
+def test_colocation_places_a_variable_and_its_keras_slots_on_the_chosen_ps(fresh_process):
+    fresh_process("integration.test_pss_facts:placement_case", timeout=300)
+
+
+def test_a_restarted_ps_keeps_the_survivors_usable_and_its_own_variables_dead(fresh_process):
+    fresh_process("integration.test_pss_facts:restart_case", timeout=300)
