@@ -211,14 +211,12 @@ class _Job:
 
     def serve(self) -> None:
         """A PS: serve until stopped."""
+        from tf_ecrec.launcher.task import start_server
         from tf_ecrec.ops import load_library
-        from tf_ecrec.ps_session import fast_reconnect
 
         load_library()
-        fast_reconnect()  # before the server makes its first channel
         assert self.cluster is not None
-        server = tf.distribute.Server(tf.train.ClusterSpec({k: list(v) for k, v in self.cluster.cluster.items()}),
-                                      job_name="ps", task_index=self.cluster.task_index, protocol="grpc", start=True)
+        server = start_server(self.cluster)
         _LOG.info("%s serving at %s", self.cluster.task, self.cluster.address)
         server.join()
 
@@ -241,11 +239,9 @@ class _Job:
         if source is None and os.environ.get(ENV_CLUSTER_FILE):
             source = FileClusterSource(os.environ[ENV_CLUSTER_FILE], cluster.num_ps)
         if source is None:
-            from tf_ecrec.ps_session import fast_reconnect
+            from tf_ecrec.launcher.task import start_server
 
-            fast_reconnect()
-            tf.distribute.Server(tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
-                                 job_name=cluster.task_type, task_index=cluster.task_index, protocol="grpc", start=True)
+            start_server(cluster)
             self.estimator().train(input_fn, max_steps=max_steps, hooks=all_hooks, saving_listeners=saving_listeners)
             return
         from tf_ecrec.failover import FailoverLoop
