@@ -60,13 +60,58 @@ def on_ps(task: int) -> Iterator[None]:
     """Ops built inside are storage of the protection that the layout puts on PS `task`.
 
     Inside an `ECDeviceFn` (or `ec_model_fn`), they get ``/job:ps/task:<task>``.
+    Under a variable placer (`variable_placer`: TF2 ParameterServerStrategy,
+    whose variable creator ignores device scopes), the placer's scope for
+    `task` is entered too.
     """
     stack = _request_stack()
     stack.append(int(task))
     try:
-        yield
+        placer = _placer[0]
+        with placer(int(task)) if placer is not None else contextlib.nullcontext():
+            yield
     finally:
         stack.pop()
+
+
+# The active variable placer (one per process: Keras lifts variable creation out of the traced
+# function, possibly on another thread, so a thread-local would miss it).
+_placer: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def variable_placer(placer: Any) -> Iterator[None]:
+    """Makes `placer` (task -> context manager) place the storage `on_ps` declares, while inside.
+
+    `tf_ecrec.pss` uses it: under ParameterServerStrategy a device scope does
+    not place a variable, colocation with a variable already on the PS does.
+    """
+    old = _placer[0]
+    _placer[0] = placer
+    try:
+        yield
+    finally:
+        _placer[0] = old
+
+
+def variable_name(variable: Any) -> str:
+    """A variable's name without the output suffix: its op name in a graph, its given name when eager.
+
+    The protection keys its variables by this name (the manifest, parity
+    checks and recovery read it), so it is the same for a variable built by
+    an Estimator's graph and one built eagerly under ParameterServerStrategy.
+    """
+    if getattr(variable, "_in_graph_mode", True):
+        return str(variable.op.name)
+    name = str(variable.name)
+    return name[: -len(":0")] if name.endswith(":0") else name
+
+
+def initial_value_of(variable: Any) -> Any:
+    """What `variable` starts from: its initializer's value in a graph, its value when eager (just created)."""
+    if getattr(variable, "_in_graph_mode", True):
+        return variable.initial_value
+    return variable.read_value()
 
 
 def requested_task() -> int | None:
@@ -195,7 +240,7 @@ def check_placed(variable: tf.Variable, task: int, what: str) -> None:
     if (spec.job == "ps" and spec.task == task) or storage_is_local():
         return
     raise ConfigError(
-        f"{what} {variable.op.name!r} landed on {variable.device or 'no device'!r}, but the layout puts it on "
+        f"{what} {variable_name(variable)!r} landed on {variable.device or 'no device'!r}, but the layout puts it on "
         f"{ps_device(task)}: build it under tf_ecrec.ECDeviceFn (RunConfig(device_fn=tf_ecrec.ECDeviceFn())) or "
         "inside a model_fn wrapped with tf_ecrec.ec_model_fn; source: device placement"
     )

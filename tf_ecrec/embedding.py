@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tf_ecrec import codec, placement, unfolded
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import check_placed, on_ps, storage_device
+from tf_ecrec.device import check_placed, on_ps, storage_device, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
@@ -239,7 +239,7 @@ class EmbeddingCollection:
 
     def data_variable_of(self) -> Mapping[str, int]:
         """Data variable op name -> PS task."""
-        return {v.op.name: p for p, v in self.data.items()}
+        return {variable_name(v): p for p, v in self.data.items()}
 
 
 def collections(graph: tf.Graph | None = None) -> list[EmbeddingCollection]:

@@ -68,6 +68,7 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, current_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.pss.protection import current_protection
 from tf_ecrec.update_rule import UpdateRule
 
 
@@ -154,26 +155,34 @@ class ECEmbeddings(tf.keras.layers.Layer):
         self.collection: EmbeddingCollection | None = None
 
     def build(self, input_shape: Any) -> None:
-        if tf.executing_eagerly():
+        protection = current_protection()
+        if tf.executing_eagerly() and protection is None:
             raise ConfigError(
                 f"layer {self.name!r} stores its tables on the PS tasks of the graph being built and cannot be built "
                 "eagerly; with model_to_estimator, use it in a subclassed tf.keras.Model with get_config (a "
                 "functional model is built eagerly when defined), which the Estimator builds in its own graph; "
-                "source: the model definition"
+                "source: the model definition (under TF2 ParameterServerStrategy: build it in the scope of a "
+                "strategy protected with tf_ecrec.pss.protect)"
             )
-        ec, num_ps = _resolve_code(self.ec, self.num_ps, f"layer {self.name!r}")
-        self.collection = EmbeddingCollection(
-            self.collection_name,
-            self.tables,
-            self.output_dim,
-            ec=ec,
-            num_ps=num_ps,
-            initializer=self.embeddings_initializer,
-        )
+        if protection is not None:  # TF2 ParameterServerStrategy: the protection's code, PS count and placement
+            ec, num_ps = _resolve_code(self.ec or protection.ec, self.num_ps or protection.num_ps, f"layer {self.name!r}")
+            # Keras may build the layer in the first trace of the step (replica context); the tables are
+            # created outside it, eagerly, in the strategy's scope, as Keras lifts its own weights.
+            self.collection = protection.placement.create(lambda: self._collection(ec, num_ps))
+            protection.add_collection(self.collection)
+        else:
+            ec, num_ps = _resolve_code(self.ec, self.num_ps, f"layer {self.name!r}")
+            self.collection = self._collection(ec, num_ps)
         # A list of variables assigned to an attribute is tracked: these become the
         # layer's trainable weights, which Keras differentiates and hands to the optimizer.
         self.ps_variables = [self.collection.data[p] for p in sorted(self.collection.data)]
         super().build(input_shape)
+
+    def _collection(self, ec: ECConfig, num_ps: int) -> EmbeddingCollection:
+        return EmbeddingCollection(
+            self.collection_name, self.tables, self.output_dim, ec=ec, num_ps=num_ps,
+            initializer=self.embeddings_initializer,
+        )
 
     def call(self, ids: tf.Tensor) -> tf.Tensor:
         assert self.collection is not None  # built by __call__

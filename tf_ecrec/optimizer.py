@@ -34,9 +34,8 @@ armed failpoints (`tf_ecrec.failpoints`) are read once per step program.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,14 +43,27 @@ import tensorflow as tf
 
 from tf_ecrec import failpoints, steplog
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import on_ps, ps_device
+from tf_ecrec.device import on_ps, ps_device, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
 from tf_ecrec.protection import ProtectionVariables
-from tf_ecrec.step_program import Apply, Gated, ParityFolds, ReplicaFolds, StepProgram, Target, TargetKind, new_step_id
+from tf_ecrec.step_program import (
+    AppliedUpdate,
+    Apply,
+    Binding,
+    Gated,
+    ParityFolds,
+    ReplicaFolds,
+    StepProgram,
+    Target,
+    TargetKind,
+    new_step_id,
+)
+from tf_ecrec.step_program import dedup as _dedup
 from tf_ecrec.step_program import gate as _gate
+from tf_ecrec.step_program import read_step as _read
 from tf_ecrec.update_rule import UpdateRule
 
 _LOG = logging.getLogger(__name__)
@@ -80,20 +92,25 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         earlier step's uncommitted update of the same variable (a dead
         task's step, until the chief settles it) before the step fails with
         ``AbortedError``; 0 fails at once.
+      rule: the update rule, when there is no v1 optimizer to read it from
+        (`tf_ecrec.pss` reads it from a Keras optimizer); ``optimizer`` is
+        then None and `compute_gradients` is not available.
     """
 
     def __init__(
         self,
-        optimizer: tf.compat.v1.train.Optimizer,
+        optimizer: tf.compat.v1.train.Optimizer | None,
         ec: ECConfig | None = None,
         name: str = "ECOptimizer",
         commit_timeout_ms: int = steplog.ROUND1_TIMEOUT_MS,
+        rule: UpdateRule | None = None,
     ) -> None:
         super().__init__(use_locking=True, name=name)
         self.commit_timeout_ms = int(commit_timeout_ms)
         self._base = optimizer
-        self.rule = UpdateRule.of(optimizer)
+        self.rule = rule or UpdateRule.of(optimizer)
         self._ec = ec
+        self._bound: Binding | None = None
         self.variables = ProtectionVariables(self.rule)
         self.parity = self.variables.parity  # collection -> PS -> parity variable
         self.replicas = self.variables.replicas  # variable name -> replicas
@@ -123,8 +140,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             "optimizer": self.rule.kind.value,
             "slots": [n for n, _ in self.rule.slots],
             "collections": [],
-            "replicas": {name: [r.op.name for r in reps] for name, reps in self.replicas.items()},
-            "replica_slots": {name: [s.op.name for s in slots.get(name, [])] for name in self.replicas},
+            "replicas": {name: [variable_name(r) for r in reps] for name, reps in self.replicas.items()},
+            "replica_slots": {name: [variable_name(s) for s in slots.get(name, [])] for name in self.replicas},
         }
         for name, parity in self.parity.items():
             coll = self._collections[name]
@@ -133,15 +150,34 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     "name": name,
                     "dim": coll.dim,
                     "layout": coll.layout.to_json(),
-                    "data": {str(p): v.op.name for p, v in coll.data.items()},
-                    "slots": {str(p): [s.op.name for s in slots[v.op.name]] for p, v in coll.data.items()},
-                    "parity": {str(q): v.op.name for q, v in parity.items()},
+                    "data": {str(p): variable_name(v) for p, v in coll.data.items()},
+                    "slots": {str(p): [variable_name(s) for s in slots[variable_name(v)]] for p, v in coll.data.items()},
+                    "parity": {str(q): variable_name(v) for q, v in parity.items()},
                 }
             )
         return out
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
+        if self._base is None:
+            raise ConfigError("this ECOptimizer has an update rule and no v1 optimizer to compute gradients; source: ECOptimizer")
         return self._base.compute_gradients(*args, **kwargs)
+
+    def bind(self, collections: Sequence[EmbeddingCollection], num_ps: int, ec: ECConfig, generation: int = 0) -> None:
+        """Serves variables created eagerly (TF2 ParameterServerStrategy), not looked up in a graph.
+
+        It protects `collections`, replicates the other variables over `num_ps`
+        PS tasks, may be traced into many `tf.function` graphs, and draws step
+        ids with an op (a remote worker runs no Python).  `create_variables`
+        first: a scheduled function cannot create them.
+        """
+        self._ec = ec
+        self._bound = Binding(tuple(collections), int(num_ps), int(generation))
+        self._collections = {c.name: c for c in collections}
+
+    def create_variables(self, var_list: Sequence[tf.Variable], global_step: tf.Variable | None) -> None:
+        """Creates the slots, parity and replicas an update of `var_list` (and a count of `global_step`) needs."""
+        assert self._bound is not None and self._ec is not None, "bind() first"
+        self.variables.create_all(var_list, self._bound.collections, self._ec.r, self._bound.num_ps, global_step)
 
     def get_slot_names(self) -> list[str]:
         return [name for name, _ in self.rule.slots]
@@ -150,7 +186,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
             raise ConfigError("ECOptimizer got no gradients; source: apply_gradients")
-        colls = collections()
+        colls = list(self._bound.collections) if self._bound else collections()
         ec = self._ec or (context.ec if (context := current_context()) else None) or (colls[0].ec if colls else None)
         if ec is None:
             raise ConfigError(
@@ -159,20 +195,23 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             )
         self._ec = ec
         self._collections = {c.name: c for c in colls}
-        owner = {v.op.name: (c, p) for c in colls for p, v in c.data.items()}
+        self.logs = {}  # handles are per graph: a TF2 step is traced into a new graph each time
+        owner = {variable_name(v): (c, p) for c in colls for p, v in c.data.items()}
         step = global_step
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
         step_context = current_context()
         generation = step_context.generation if step_context is not None else 0
+        if self._bound is not None:
+            generation = self._bound.generation
         armed = failpoints.FailpointPlan.from_environ()  # the one read of the environment per step program
         with tf.name_scope(name or self._name):
             # A feedable step id: tests drive a step one op at a time with their own ids.
-            self._sid = tf.compat.v1.placeholder_with_default(new_step_id(generation), [], name="sid")
+            self._sid = tf.compat.v1.placeholder_with_default(new_step_id(generation, in_graph=self._bound is not None), [], name="sid")
             # Phase 1: every variable's update, each with its bitwise delta.
             applied = []
             for grad, var in pairs:
-                if var.op.name in owner:
-                    coll, p = owner[var.op.name]
+                if variable_name(var) in owner:
+                    coll, p = owner[variable_name(var)]
                     applied.append(self._apply_protected(coll, p, var, grad, step))
                 else:
                     applied.append(self._apply_replicated(var, grad, step))
@@ -257,15 +296,18 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             if sel.any():
                 prow = route.parity_base[lc[sel]] + rows[sel] % c
                 parity = self.parity[coll.name][route.ps]
-                out.append((self._tid[parity.op.name], prow, delta[sel], route.coef))
+                out.append((self._tid[variable_name(parity)], prow, delta[sel], route.coef))
         return out
+
+    def _num_ps(self, var: tf.Variable) -> int:
+        return self._bound.num_ps if self._bound is not None else _num_ps(var)
 
     # ---- protected embedding variables ------------------------------------------------------------------
 
-    def _apply_protected(self, coll: EmbeddingCollection, p: int, var: tf.Variable, grad: Any, step: tf.Variable | None) -> _Applied:
+    def _apply_protected(self, coll: EmbeddingCollection, p: int, var: tf.Variable, grad: Any, step: tf.Variable | None) -> AppliedUpdate:
         slots = self.variables.slots_for(var)
         parity = self.variables.parity_for(coll)
-        tid = self._target(var.op.name, p, [var, *slots], TargetKind.DATA)
+        tid = self._target(variable_name(var), p, [var, *slots], TargetKind.DATA)
         self._fold_plan[tid] = ParityFolds(coll, p)
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
@@ -282,7 +324,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 )
             for route, (prow, sel_delta) in zip(routes, split):
                 target = parity[route.ps]
-                ptid = self._target(target.op.name, route.ps, [target], TargetKind.PARITY)
+                ptid = self._target(variable_name(target), route.ps, [target], TargetKind.PARITY)
                 with tf.device(ps_device(route.ps)):
                     updates.append(
                         ec_ops.parity_update(
@@ -292,19 +334,19 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     )
             return updates
 
-        return _Applied(delta, var.device, fold, tid, seq, indices)
+        return AppliedUpdate(delta, var.device, fold, tid, seq, indices)
 
     # ---- replicated dense variables ------------------------------------------------------------------
 
-    def _apply_replicated(self, var: tf.Variable, grad: Any, step: tf.Variable | None) -> _Applied:
+    def _apply_replicated(self, var: tf.Variable, grad: Any, step: tf.Variable | None) -> AppliedUpdate:
         if var.shape.rank == 0:
-            raise ConfigError(f"ECOptimizer cannot protect the scalar variable {var.op.name}; source: the model")
+            raise ConfigError(f"ECOptimizer cannot protect the scalar variable {variable_name(var)}; source: the model")
         slots = self.variables.slots_for(var)
         assert self._ec is not None  # apply_gradients set it
-        replicas = self.replicas.get(var.op.name) or self.variables.replicas_for(var, slots, self._ec.r, _num_ps(var))
+        replicas = self.replicas.get(variable_name(var)) or self.variables.replicas_for(var, slots, self._ec.r, self._num_ps(var))
         primary = device_task(var.device)
-        tid = self._target(var.op.name, primary, [var, *slots], TargetKind.DATA)
-        rep_tids = [self._target(r.op.name, device_task(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
+        tid = self._target(variable_name(var), primary, [var, *slots], TargetKind.DATA)
+        rep_tids = [self._target(variable_name(r), device_task(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
         self._fold_plan[tid] = ReplicaFolds(tuple(rep_tids))
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
@@ -324,52 +366,26 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     )
             return updates
 
-        return _Applied(delta, var.device, fold, tid, seq, indices)
+        return AppliedUpdate(delta, var.device, fold, tid, seq, indices)
 
     # ---- the global step ------------------------------------------------------------------
 
     def _increment(self, global_step: tf.Variable, after: list[Any]) -> dict[int, Gated]:
-        name = global_step.op.name
+        name = variable_name(global_step)
         assert self._ec is not None  # apply_gradients set it
         if name not in self.replicas:
-            self.variables.step_replicas(global_step, self._ec.r, _num_ps(global_step))
+            self.variables.step_replicas(global_step, self._ec.r, self._num_ps(global_step))
         replicas = self.replicas[name]
         ops = {}
         one = tf.constant(1, global_step.dtype.base_dtype)
         gs_tid = self._target(name, device_task(global_step.device), [global_step], TargetKind.COUNTER)
         for copy in [global_step, *replicas]:
             q = device_task(copy.device)
-            tid = self._target(copy.op.name, q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
+            tid = self._target(variable_name(copy), q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
             gate = _gate(one, copy.device, after)
             with tf.device(copy.device):
                 ops[tid] = Gated(gate, ec_ops.assign_add_logged(copy, gate, **self._logged(q, tid)))
         return ops
-
-
-@dataclasses.dataclass(frozen=True)
-class _Applied:
-    """One variable's update of a step: its delta, where it was applied, how to fold it."""
-
-    delta: tf.Tensor
-    device: str
-    fold: Callable[[], list[tf.Operation]]
-    tid: int
-    seq: tf.Tensor
-    indices: tf.Tensor
-
-
-def _read(variable: Any) -> tf.Tensor:
-    return tf.cast(variable.read_value() if hasattr(variable, "read_value") else variable, tf.int64)
-
-
-def _dedup(grad: Any, var: tf.Variable) -> tuple[tf.Tensor, tf.Tensor]:
-    """(unique row indices, summed gradient rows), as TensorFlow's optimizers deduplicate."""
-    if isinstance(grad, tf.IndexedSlices):
-        unique, positions = tf.unique(tf.cast(grad.indices, tf.int64))
-        summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
-        return unique, summed
-    rows = int(var.shape[0])
-    return tf.range(rows, dtype=tf.int64), tf.convert_to_tensor(grad)
 
 
 def _num_ps(var: tf.Variable) -> int:
@@ -379,4 +395,4 @@ def _num_ps(var: tf.Variable) -> int:
     colls = collections()
     if colls:
         return colls[0].num_ps
-    raise ConfigError(f"cannot tell the PS count to replicate {var.op.name}; use tf_ecrec.ec_model_fn; source: ECOptimizer")
+    raise ConfigError(f"cannot tell the PS count to replicate {variable_name(var)}; use tf_ecrec.ec_model_fn; source: ECOptimizer")

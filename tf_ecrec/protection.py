@@ -13,11 +13,14 @@ initialised data PS to PS in slices (`tf_ecrec.rebuild`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from tf_ecrec import unfolded
-from tf_ecrec.device import on_ps
+from tf_ecrec.device import initial_value_of, on_ps, variable_name
 from tf_ecrec.embedding import EmbeddingCollection, device_task
+from tf_ecrec.errors import ConfigError
 from tf_ecrec.stripe_encoding import encode_parity_chunk, row_words
 from tf_ecrec.update_rule import UpdateRule
 
@@ -44,31 +47,31 @@ class ProtectionVariables:
 
     def redundancy_names(self) -> set[str]:
         """Names of the variables derived from others: every parity and every replica."""
-        names = {v.op.name for parity in self.parity.values() for v in parity.values()}
-        return names | {r.op.name for reps in self.replicas.values() for r in reps}
+        names = {variable_name(v) for parity in self.parity.values() for v in parity.values()}
+        return names | {variable_name(r) for reps in self.replicas.values() for r in reps}
 
     def slots_of(self, var: tf.Variable) -> list[tf.Variable]:
         """The slots of `var`, if they were created."""
-        return self.slots.get(var.op.name, [])
+        return self.slots.get(variable_name(var), [])
 
     def slots_for(self, var: tf.Variable) -> list[tf.Variable]:
         """The slots of `var`, created on its PS on first use."""
-        if var.op.name not in self.slots:
+        if variable_name(var) not in self.slots:
             slots = []
             with on_ps(device_task(var.device)):
                 for slot_name, initial in self.rule.slots:
                     slots.append(
                         tf.compat.v1.Variable(
                             unfolded.filled(var.shape.as_list(), initial, tf.float32),
-                            name=f"{var.op.name}/{slot_name}",
+                            name=f"{variable_name(var)}/{slot_name}",
                             trainable=False,
                             use_resource=True,
                             dtype=tf.float32,
                             shape=var.shape,
                         )
                     )
-            self.slots[var.op.name] = slots
-        return self.slots[var.op.name]
+            self.slots[variable_name(var)] = slots
+        return self.slots[variable_name(var)]
 
     def parity_for(self, coll: EmbeddingCollection) -> dict[int, tf.Variable]:
         """PS -> the parity variable of `coll` there (its parity chunks stacked), created on first use."""
@@ -80,7 +83,7 @@ class ProtectionVariables:
         words = {}
         for p, var in coll.data.items():
             with tf.compat.v1.device(var.device):  # on the data's PS, not the chief (see embedding._masked)
-                values = [var.initial_value] + [s.initial_value for s in self.slots_for(var)]
+                values = [initial_value_of(var)] + [initial_value_of(s) for s in self.slots_for(var)]
                 words[p] = row_words(values, int(var.shape[0]))
         width = (1 + len(self.rule.slots)) * coll.dim
         parity: dict[int, tf.Variable] = {}
@@ -102,26 +105,26 @@ class ProtectionVariables:
 
     def replicas_for(self, var: tf.Variable, slots: list[tf.Variable], r: int, num_ps: int) -> list[tf.Variable]:
         """The `r` replicas of dense `var` and its slots (their words) on the next PS tasks, created on first use."""
-        if var.op.name in self.replicas:
-            return self.replicas[var.op.name]
+        if variable_name(var) in self.replicas:
+            return self.replicas[variable_name(var)]
         primary = device_task(var.device)
         with tf.compat.v1.device(var.device):
-            words = row_words([v.initial_value for v in [var, *slots]], int(var.shape[0]))
+            words = row_words([initial_value_of(v) for v in [var, *slots]], int(var.shape[0]))
         replicas = []
         for j in range(r):
             with on_ps((primary + 1 + j) % num_ps):
                 replicas.append(
                     tf.compat.v1.Variable(
-                        words, name=f"{var.op.name}/ec_replica_{j}", trainable=False, use_resource=True, dtype=tf.int32
+                        words, name=f"{variable_name(var)}/ec_replica_{j}", trainable=False, use_resource=True, dtype=tf.int32
                     )
                 )
-        self.replicas[var.op.name] = replicas
-        self.protected[var.op.name] = var
+        self.replicas[variable_name(var)] = replicas
+        self.protected[variable_name(var)] = var
         return replicas
 
     def step_replicas(self, global_step: tf.Variable, r: int, num_ps: int) -> list[tf.Variable]:
         """The `r` replicas of the global step on the next PS tasks, created on first use."""
-        name = global_step.op.name
+        name = variable_name(global_step)
         if name not in self.replicas:
             primary = device_task(global_step.device)
             replicas = []
@@ -129,7 +132,7 @@ class ProtectionVariables:
                 with on_ps((primary + 1 + j) % num_ps):
                     replicas.append(
                         tf.compat.v1.Variable(
-                            global_step.initial_value,
+                            initial_value_of(global_step),
                             name=f"{name}/ec_replica_{j}",
                             trainable=False,
                             use_resource=True,
@@ -140,3 +143,25 @@ class ProtectionVariables:
             self.protected[name] = global_step
         return self.replicas[name]
 
+    def create_all(self, var_list: Sequence[tf.Variable], collections: Sequence[EmbeddingCollection], r: int,
+                   num_ps: int, global_step: tf.Variable | None) -> None:
+        """Creates, up front, what updates of `var_list` need: slots, the parity of `collections`, dense replicas.
+
+        A TF2 step cannot create variables when it is scheduled, so a bound
+        `ECOptimizer` creates them before its first trace runs; the
+        Estimator path creates them on first use instead.
+
+        Raises:
+          ConfigError: a scalar variable (a replica covers rows).
+        """
+        owner = {variable_name(v): c for c in collections for v in c.data.values()}
+        for var in var_list:
+            slots = self.slots_for(var)
+            if variable_name(var) in owner:
+                self.parity_for(owner[variable_name(var)])
+            elif var.shape.rank == 0:
+                raise ConfigError(f"ECOptimizer cannot protect the scalar variable {variable_name(var)}; source: the model")
+            else:
+                self.replicas_for(var, slots, r, num_ps)
+        if global_step is not None:
+            self.step_replicas(global_step, r, num_ps)

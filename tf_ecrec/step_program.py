@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -22,11 +23,24 @@ GENERATION_SHIFT = 48
 MAX_GENERATION = (1 << 14) - 1
 
 
-def new_step_id(generation: int = 0) -> tf.Tensor:
-    """A fresh random step id per session.run, ``generation`` in its top bits."""
+def new_step_id(generation: int = 0, in_graph: bool = False) -> tf.Tensor:
+    """A fresh random step id per session.run, ``generation`` in its top bits.
+
+    By default the id comes from Python (the process running the step is the
+    one that built it).  ``in_graph`` draws it with a random op seeded from the
+    operating system (seeds 0, 0: never the graph or global seed, so two
+    workers running the same function draw different ids), for a step traced
+    on one process and run on another (a TF2 function scheduled on a worker).
+    """
     if not 0 <= generation <= MAX_GENERATION:
         raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
     high = np.int64(generation) << np.int64(GENERATION_SHIFT)
+    if in_graph:
+        bits = tf.raw_ops.RandomUniformInt(
+            shape=tf.constant([], tf.int32), minval=tf.constant(0, tf.int64),
+            maxval=tf.constant(1 << GENERATION_SHIFT, tf.int64), seed=0, seed2=0, name="ec_step_id",
+        )
+        return tf.bitwise.bitwise_or(bits, tf.constant(high, tf.int64))
     sid = tf.numpy_function(
         lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
     )
@@ -119,3 +133,38 @@ def gate(value: tf.Tensor, device: str, after: list[Any]) -> tf.Tensor:
     """`value` on `device` once `after` ran: what an op of a later phase reads (see apply_gradients)."""
     with tf.device(device), tf.control_dependencies(after):
         return tf.identity(value, name="gate")
+
+
+def read_step(variable: Any) -> tf.Tensor:
+    return tf.cast(variable.read_value() if hasattr(variable, "read_value") else variable, tf.int64)
+
+
+def dedup(grad: Any, var: tf.Variable) -> tuple[tf.Tensor, tf.Tensor]:
+    """(unique row indices, summed gradient rows), as TensorFlow's optimizers deduplicate."""
+    if isinstance(grad, tf.IndexedSlices):
+        unique, positions = tf.unique(tf.cast(grad.indices, tf.int64))
+        summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
+        return unique, summed
+    rows = int(var.shape[0])
+    return tf.range(rows, dtype=tf.int64), tf.convert_to_tensor(grad)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppliedUpdate:
+    """One variable's update of a step: its delta, where it was applied, how to fold it."""
+
+    delta: tf.Tensor
+    device: str
+    fold: Callable[[], list[tf.Operation]]
+    tid: int
+    seq: tf.Tensor
+    indices: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """What `ECOptimizer.bind` gives instead of the graph's registries: the tables, PS count and generation."""
+
+    collections: tuple[EmbeddingCollection, ...]
+    num_ps: int
+    generation: int

@@ -142,6 +142,75 @@ class UpdateRule:
             slots = ((name, 1.0), (f"{name}_1", 0.0))
         return cls(kind, number("_learning_rate"), slots, hyper)
 
+    @classmethod
+    def of_keras(cls, optimizer: Any) -> UpdateRule:
+        """Reads the update rule of a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl), from its config.
+
+        The rule is the sparse kernel rule of the same family, with the
+        optimizer's hyperparameters: Keras computes its update with other ops
+        (Adagrad adds its ``epsilon`` under the square root, Adam decays every
+        row's moments, SGD's momentum is the velocity form), and the delta ops
+        apply TensorFlow's sparse kernels: SGD as ``ResourceScatterAdd``
+        (momentum > 0: the Momentum rule, the same update for a constant
+        learning rate), Adagrad as ``ResourceSparseApplyAdagrad`` (no epsilon),
+        Adam lazily (LazyAdam), Ftrl as ``ResourceSparseApplyFtrlV2``.
+
+        Raises:
+          ConfigError: another optimizer class, a learning-rate schedule, or a
+            setting the rule cannot apply (weight decay, clipping, EMA, AMSGrad).
+        """
+        import keras  # the Keras of tf.keras (2.15)
+
+        families = {
+            keras.optimizers.SGD: RuleKind.SGD,
+            keras.optimizers.Adagrad: RuleKind.ADAGRAD,
+            keras.optimizers.Adam: RuleKind.ADAM,
+            keras.optimizers.Ftrl: RuleKind.FTRL,
+        }
+        kind = families.get(type(optimizer))
+        if kind is None:
+            raise ConfigError(
+                f"tf_ecrec cannot apply {type(optimizer).__module__}.{type(optimizer).__name__} with parity deltas; "
+                "supported: tf.keras.optimizers.SGD, Adagrad, Adam (applied lazily) and Ftrl; source: the model's optimizer"
+            )
+        config = optimizer.get_config()
+        name = type(optimizer).__name__
+        for key, neutral in (("weight_decay", None), ("clipnorm", None), ("global_clipnorm", None),
+                             ("clipvalue", None), ("use_ema", False), ("amsgrad", False)):
+            if config.get(key, neutral) != neutral:
+                raise ConfigError(
+                    f"tf_ecrec cannot apply {name} with {key}={config[key]!r}: the delta ops apply the plain sparse "
+                    f"rule, so {key} must be {neutral!r}; source: the model's optimizer"
+                )
+
+        def number(key: str) -> float:
+            value = config[key]
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                return float(value)
+            raise ConfigError(
+                f"tf_ecrec cannot read {key}={value!r} of {name}: the {kind} rule applies its hyperparameters as "
+                "constants, so each must be a number, not a schedule; source: the model's optimizer"
+            )
+
+        lr = number("learning_rate")
+        if kind == RuleKind.SGD:
+            if number("momentum") == 0.0:
+                return cls(kind, lr, (), {})
+            hyper = {"momentum": number("momentum"), "use_nesterov": bool(config["nesterov"])}
+            return cls(RuleKind.MOMENTUM, lr, (("momentum", 0.0),), hyper)
+        if kind == RuleKind.ADAGRAD:
+            return cls(kind, lr, (("accumulator", number("initial_accumulator_value")),), {})
+        if kind == RuleKind.ADAM:
+            hyper = {"beta1": number("beta_1"), "beta2": number("beta_2"), "epsilon": number("epsilon")}
+            return cls(kind, lr, (("m", 0.0), ("v", 0.0)), hyper)
+        hyper = {
+            "l1": number("l1_regularization_strength"),
+            "l2": number("l2_regularization_strength") + number("beta") / (2.0 * lr),
+            "l2_shrinkage": number("l2_shrinkage_regularization_strength"),
+            "lr_power": number("learning_rate_power"),
+        }
+        return cls(kind, lr, (("accumulator", number("initial_accumulator_value")), ("linear", 0.0)), hyper)
+
     def apply(self, var: tf.Variable, slots: list[tf.Variable], values: tf.Tensor, indices: tf.Tensor,
               step: tf.Variable | None, logged: dict[str, Any]) -> tf.Tensor:
         """The delta op of this rule: updates `var` and `slots` at `indices`; returns the bitwise delta.
