@@ -41,6 +41,22 @@ STALE_SECS = 5.0
 step takes milliseconds): the chief settles it (`Reconciler.settle_stale`)."""
 
 
+class FeedPairs(tuple):  # type: ignore[type-arg]
+    """Feeds as (placeholder, value) pairs: what `feeds` gives where tensors cannot be dict keys."""
+
+
+def feeds(*pairs: tuple[Any, Any]) -> Any:
+    """A ``feed_dict`` for ``sess.run``: a dict in a graph (a v1 session's), else `FeedPairs`.
+
+    Under TF2 eager execution a tensor (of a function graph too) is not
+    hashable; the settlement then runs through `tf_ecrec.pss.function_session`,
+    which takes the pairs.
+    """
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return FeedPairs(pairs)
+    return dict(pairs)
+
+
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
 
 
@@ -188,7 +204,7 @@ class Reconciler:
         """Raises the minimum generation on the alive logs (older trainers' writes then fail)."""
         ops = [self._setgen[p] for p in sorted(alive) if p in self._setgen]
         if ops:
-            sess.run(ops, {self._generation: generation})
+            sess.run(ops, feeds((self._generation, generation)))
 
     def propagate_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], floor: int = 0) -> int:
         """Raises every alive log to the highest generation any of them admits (at least
@@ -303,7 +319,7 @@ class Reconciler:
             tops[source] = top
             for _p, e in sorted(folds, key=lambda pe: -pe[1].seq):
                 if e.source_seq > top:
-                    sess.run(self._undo[e.target], {self._seq: e.seq})
+                    sess.run(self._undo[e.target], feeds((self._seq, e.seq)))
                     undone += 1
         return undone, tops
 
@@ -335,7 +351,7 @@ class Reconciler:
         # whole steps; every variable still holds whole updates only, and the copies agree).
         for tid, t in sorted(self.targets.items()):
             if t.kind == TargetKind.COUNTER and t.ps in alive:
-                sess.run(self._add[tid], {self._sid: sid})
+                sess.run(self._add[tid], feeds((self._sid, sid)))
         return all_undone
 
     @staticmethod
@@ -346,9 +362,9 @@ class Reconciler:
 
     def _undo_apply(self, sess: tf.compat.v1.Session, e: ec_ops.DeltaLogEntry, folds: list[tuple[int, Any]]) -> bool:
         for _, f in folds:
-            sess.run(self._undo[f.target], {self._seq: f.seq})
+            sess.run(self._undo[f.target], feeds((self._seq, f.seq)))
         try:
-            sess.run(self._undo[e.target], {self._seq: e.seq})
+            sess.run(self._undo[e.target], feeds((self._seq, e.seq)))
             return True
         except tf.errors.FailedPreconditionError:
             return False  # a later update of the variable came in meanwhile: finish instead
@@ -359,16 +375,16 @@ class Reconciler:
                 continue  # a lost parity is re-encoded from the data anyway
             sess.run(
                 self._fold[target],
-                {
-                    self._rows: rows, self._delta: delta, self._coef: coef, self._sid: sid,
-                    self._source: e.target, self._source_seq: e.seq,
-                },
+                feeds(
+                    (self._rows, rows), (self._delta, delta), (self._coef, coef), (self._sid, sid),
+                    (self._source, e.target), (self._source_seq, e.seq),
+                ),
             )
 
     def _on_every(self, sess: tf.compat.v1.Session, ops: dict[int, Any], alive: list[int], sids: Sequence[int]) -> None:
         """Runs the per-log op `ops[p]` for `sids` on every alive log in one session call (a new session
         registers a graph on each PS per distinct call: one call, not one per PS)."""
-        sess.run([ops[p] for p in alive], {self._sids: sids})
+        sess.run([ops[p] for p in alive], feeds((self._sids, sids)))
 
     def _snapshots(self, sess: tf.compat.v1.Session, alive: list[int]) -> dict[int, ec_ops.DeltaLogSnapshot]:
         values = sess.run({p: self._read[p] for p in alive})

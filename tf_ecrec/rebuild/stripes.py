@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec
+from tf_ecrec import codec, steplog
+from tf_ecrec.device import variable_name
 from tf_ecrec.embedding import EmbeddingCollection
 from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.table_layout import ChunkSpec
@@ -152,8 +153,9 @@ class CollectionRebuild:
 
         return ec_ops.read_preserved_row_words(variables, log, rows, name=name)
 
-    def feeds(self, targets: Sequence[ChunkSpec], present: dict[int, set[int]]) -> dict[Any, np.ndarray]:
-        """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`."""
+    def feeds(self, targets: Sequence[ChunkSpec], present: dict[int, set[int]]) -> Any:
+        """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`
+        (a feed dict in a graph, `tf_ecrec.steplog.feeds` pairs under TF2)."""
         n = self.code.n
         read = np.zeros([self.layout.num_stripes, n], bool)
         coefs = np.zeros([self.layout.num_stripes, n, n], np.int32)
@@ -162,7 +164,7 @@ class CollectionRebuild:
             coef = codec.decoding_coefficients(self.code, present[s], i)
             coefs[s, i] = coef
             read[s] |= coef != 0
-        return {self.read: read, self.coefs: coefs}
+        return steplog.feeds((self.read, read), (self.coefs, coefs))
 
     def run(self, sess: tf.compat.v1.Session, targets: Sequence[ChunkSpec], present: dict[int, set[int]],
             options: Any, stats: RebuildStats) -> None:
@@ -172,8 +174,8 @@ class CollectionRebuild:
         feeds = self.feeds(targets, present)
         writes = [self.chunks[(ch.stripe, ch.index_in_stripe)].write for ch in targets]
         for lo in range(0, self.rows, self.slice_rows):
-            sess.run(writes, {self.lo: lo, **feeds}, options=options)
+            sess.run(writes, steplog.feeds((self.lo, lo), *(feeds.items() if isinstance(feeds, dict) else feeds)), options=options)
             stats.session_calls += 1
         stats.bytes += len(targets) * self.rows * self.width * 4
-        stats.variables += len({v.op.name for ch in targets for v in self.chunks[(ch.stripe, ch.index_in_stripe)].variables})
+        stats.variables += len({variable_name(v) for ch in targets for v in self.chunks[(ch.stripe, ch.index_in_stripe)].variables})
 

@@ -1,0 +1,110 @@
+"""`fit`: ``model.fit`` under ParameterServerStrategy that survives a PS failure through parity.
+
+    history = tf_ecrec.pss.fit(model, dataset_creator, epochs=3, steps_per_epoch=500)
+
+It runs ``model.fit``; when a PS fails (``UnavailableError`` from the
+strategy's coordinator) it waits for the PS to come back, recovers it
+(`tf_ecrec.pss.recovery`) and calls ``model.fit`` again from the step the
+job is at: the iteration count, rebuilt with everything else, says how many
+steps are done (a step the failure cut and settlement undid is run again).
+An epoch cut in the middle is finished by a call of its remaining steps.
+The input is the user's: a `DatasetCreator` makes each worker's dataset
+again, so data is not replayed from a position (as after a worker failure
+under the strategy).  A failure the code cannot cover raises
+`RecoveryError`; restore from a checkpoint then (``BackupAndRestore``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_ecrec.errors import RecoveryError
+from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What `fit` did: the histories of its ``model.fit`` calls and the recoveries between them."""
+
+    histories: list[Any] = dataclasses.field(default_factory=list)
+    recoveries: list[PSSRecoveryResult] = dataclasses.field(default_factory=list)
+    retries: int = 0
+    steps: int = 0
+
+
+def fit(
+    model: tf.keras.Model,
+    x: Any,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    callbacks: Sequence[Any] = (),
+    verbose: Any = 2,
+    recovery: PSSRecovery | None = None,
+    on_recovery: Callable[[PSSRecoveryResult], None] | None = None,
+    timeout_secs: float = 300.0,
+    max_failures: int = 20,
+    **fit_kwargs: Any,
+) -> FitResult:
+    """Trains `epochs` x `steps_per_epoch` steps, recovering lost PS tasks from parity (see the module doc).
+
+    Args:
+      model: compiled in the scope of a strategy protected by `tf_ecrec.pss.protect`.
+      x: what ``model.fit`` takes under the strategy (a `DatasetCreator`, a dataset).
+      epochs, steps_per_epoch: the length of training; steps the model
+        already counts (``optimizer.iterations``) are not run again.
+      recovery: the `PSSRecovery` to use (default: one for `model`).
+      on_recovery: called with each recovery's result.
+      timeout_secs: how long to wait for a failed PS to come back.
+      max_failures: failures tolerated in one call before giving up.
+      **fit_kwargs: more ``model.fit`` arguments (not ``initial_epoch``).
+
+    Raises:
+      RecoveryError: the loss is beyond the code, the PS did not come back,
+        or more than `max_failures` failures.
+    """
+    from tf_ecrec.pss.protection import current_protection
+
+    if recovery is None:
+        with model.distribute_strategy.scope():
+            protection = current_protection()
+        if protection is None:
+            raise RecoveryError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.fit")
+        recovery = PSSRecovery(protection, model)
+    result = FitResult()
+    total = int(epochs) * int(steps_per_epoch)
+    while True:
+        done = int(model.optimizer.iterations.numpy())
+        if done >= total:
+            result.steps = done
+            return result
+        epoch, within = divmod(done, int(steps_per_epoch))
+        try:
+            if within:  # finish the epoch a failure cut
+                result.histories.append(model.fit(
+                    x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
+                    callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
+            else:
+                result.histories.append(model.fit(
+                    x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
+                    callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
+        except tf.errors.UnavailableError as exc:
+            result.retries += 1
+            if result.retries > max_failures:
+                raise RecoveryError(f"{result.retries} failures in one fit; the last: {exc}; source: tf_ecrec.pss.fit") from exc
+            _LOG.warning("a task failed during fit (%s); recovering", str(exc).splitlines()[0][:200])
+            recovered = recovery.recover(timeout_secs)
+            if recovered.lost:
+                result.recoveries.append(recovered)
+                if on_recovery is not None:
+                    on_recovery(recovered)
+            else:
+                time.sleep(1.0)  # nothing lost: a worker's channel to a restarted PS is still reconnecting

@@ -1,0 +1,316 @@
+"""Recovery of a lost PS under TF2 ParameterServerStrategy: settle, re-create, rebuild from parity.
+
+When a PS dies, ``model.fit`` (its `ClusterCoordinator`) raises
+``UnavailableError``.  Once the PS is back (restarted at its address, or
+at a new one the cluster resolver names), `PSSRecovery.recover`:
+
+1. reconnects the coordinator's eager context to the cluster
+   (``update_server_def``); the survivors keep their variables and their
+   delta logs (`tests/integration/test_pss_facts.py` pins this);
+2. finds the lost PS tasks: those whose anchor variable is dead;
+3. settles the steps the failure cut, on the survivors, with the
+   Estimator path's settlement (`tf_ecrec.steplog.Reconciler`, run through
+   `tf_ecrec.pss.function_session`), and raises the step generation so a step
+   still in flight from before is refused;
+4. re-creates every variable of the lost PS (a `tf.Variable` whose PS
+   restarted is dead for good) on the restarted PS with the layout's
+   placement, and points the model's layers, the tables, the optimizer and
+   the protection at the new objects;
+5. rebuilds them: table chunks and their slots decoded PS to PS in slices
+   (`tf_ecrec.rebuild.stripes`), parity re-encoded the same way, dense
+   variables and the iteration count copied from a surviving replica;
+6. drops the model's traced step so the next ``fit`` retraces it over the
+   new variables.
+
+Training does not run during these steps (the coordinator stopped with
+the error); `tf_ecrec.pss.fit` resumes at the step the job was at.  A loss
+beyond what the code covers (more than ``r`` chunks of a stripe, a dense
+variable with no surviving copy) or a model variable outside the
+protection on a lost PS (a BatchNormalization statistic, say) raises
+`RecoveryError`: the job falls back to its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tf_ecrec import ops as ec_ops
+from tf_ecrec.device import ps_device, variable_name
+from tf_ecrec.embedding import device_task
+from tf_ecrec.errors import RecoveryError
+from tf_ecrec.pss.function_session import FunctionSession
+from tf_ecrec.pss.placement import resolver_of
+from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
+from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
+from tf_ecrec.step_program import MAX_GENERATION
+from tf_ecrec.steplog import Reconciler
+from tf_ecrec.stripe_encoding import row_words, split_row_words
+
+_LOG = logging.getLogger(__name__)
+
+# Keras' own bookkeeping variables of a model (created in the strategy's scope, so on some PS): the batch
+# counters, reset by every fit/evaluate/predict call, and steps_per_execution, set by compile.  A lost one
+# is re-created with the value it had when the recovery was made.
+KERAS_BOOKKEEPING = ("_train_counter", "_test_counter", "_predict_counter", "_steps_per_execution")
+
+
+@dataclasses.dataclass
+class PSSRecoveryResult:
+    """What one recovery did."""
+
+    lost: list[int]
+    step: int = 0
+    settled: dict[str, int] = dataclasses.field(default_factory=dict)
+    variables_rebuilt: int = 0
+    bytes_rebuilt: int = 0
+    seconds: float = 0.0
+    reconnect_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class PSSRecovery:
+    """Recovers `model` (compiled with the protection's optimizer) after a PS failure.
+
+    Args:
+      protection: the strategy's `tf_ecrec.pss.PSSProtection`.
+      model: the Keras model trained under the strategy.
+      slice_bytes: bytes of a chunk read per rebuild call (bounds what is in flight).
+    """
+
+    def __init__(self, protection: Any, model: tf.keras.Model, slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
+        self.protection = protection
+        self.model = model
+        self.slice_bytes = int(slice_bytes)
+        self.generation = 0
+        self._bookkeeping = {
+            name: int(v.numpy()) for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
+        }
+
+    @property
+    def optimizer(self) -> Any:
+        return self.model.optimizer
+
+    # ---- the procedure ---------------------------------------------------------------------------
+
+    def recover(self, timeout_secs: float = 300.0) -> PSSRecoveryResult:
+        """Steps 1-6 of the module doc; returns what was done (no lost PS: nothing but the reconnect)."""
+        started = time.monotonic()
+        self._reconnect(timeout_secs)
+        reconnected = time.monotonic() - started
+        lost = self.lost_tasks()
+        result = PSSRecoveryResult(lost=lost, reconnect_seconds=reconnected)
+        if not lost:
+            return result
+        protector = self.optimizer.protector
+        self._check_recoverable(lost)
+        alive = [p for p in range(self.protection.num_ps) if p not in lost]
+        # 3. settle what the failure cut, on the survivors; refuse older steps from now on.
+        settle = self._reconciler()
+        result.settled = settle.built.settle(settle, alive, lost).counts()
+        self.generation = min(self.generation + 1, MAX_GENERATION)
+        # 4. new variables on the restarted PS, the references re-pointed.
+        replaced = self._replace(lost)
+        # 5. rebuild them.
+        stats = self._rebuild_tables(lost)
+        self._rebuild_dense(replaced)
+        settle = self._reconciler()
+        settle.built.set_generation(settle, range(self.protection.num_ps), self.generation)
+        protector.bind(self.protection.collections, self.protection.num_ps, self.protection.ec, self.generation)
+        # 6. the next fit traces its step again.
+        self.model.train_function = None
+        self.model.test_function = None
+        self.model.predict_function = None
+        result.variables_rebuilt = len(replaced)
+        result.bytes_rebuilt = stats.bytes
+        result.step = int(self.optimizer.iterations.numpy())
+        result.seconds = time.monotonic() - started
+        _LOG.warning("recovered PS %s from parity at step %d in %.1fs: %s", lost, result.step, result.seconds, result.settled)
+        return result
+
+    def _reconnect(self, timeout_secs: float) -> None:
+        """Updates the eager context's cluster (the resolver's current addresses) until every task answers."""
+        deadline = time.monotonic() + timeout_secs
+        while True:
+            server_def = context.get_server_def()
+            spec = resolver_of(self.protection.strategy).cluster_spec().as_cluster_def()
+            for job in spec.job:  # the resolver's addresses for the ps and worker jobs; our own job as it was
+                if job.name in ("ps", "worker"):
+                    for existing in server_def.cluster.job:
+                        if existing.name == job.name:
+                            existing.tasks.clear()
+                            existing.tasks.update(job.tasks)
+            try:
+                context.context().update_server_def(server_def)
+                return
+            except (tf.errors.UnavailableError, tf.errors.InvalidArgumentError, tf.errors.AbortedError) as exc:
+                if time.monotonic() > deadline:
+                    raise RecoveryError(f"the cluster did not come back within {timeout_secs:.0f}s: {exc}; source: PSSRecovery") from exc
+                time.sleep(1.0)
+
+    def lost_tasks(self) -> list[int]:
+        """The PS tasks whose anchor variable is dead (their process restarted)."""
+        lost = []
+        for p, anchor in sorted(self.protection.placement.anchors.items()):
+            try:
+                anchor.read_value().numpy()
+            except (tf.errors.InvalidArgumentError, tf.errors.AbortedError, tf.errors.NotFoundError,
+                    tf.errors.UnavailableError, tf.errors.FailedPreconditionError):
+                lost.append(p)
+        return lost
+
+    def _check_recoverable(self, lost: list[int]) -> None:
+        protector = self.optimizer.protector
+        for coll in self.protection.collections:
+            for stripe in coll.table_layout.stripes:
+                gone = [ch for ch in stripe.chunks if ch.ps in lost]
+                if len(gone) > coll.code.r:
+                    raise RecoveryError(
+                        f"PS {lost} held {len(gone)} chunks of stripe {stripe.index} of {coll.name!r}, more than "
+                        f"r = {coll.code.r}; rule: at most r chunks of a stripe may be lost; source: the layout"
+                    )
+        for name, primary in protector.protected.items():
+            copies = [primary, *protector.replicas[name]]
+            if all(device_task(v.device) in lost for v in copies):
+                raise RecoveryError(f"every copy of {name} was on PS {lost}; rule: one copy must survive; source: the replicas")
+        covered = {id(v) for v in self._protection_variables() + self._restartable()}
+        for v in self.model.variables:
+            if id(v) not in covered and device_task(v.device) in lost:
+                raise RecoveryError(
+                    f"model variable {variable_name(v)} was on lost PS {device_task(v.device)} and no parity or replica "
+                    "covers it (tf_ecrec protects the tables and what the optimizer updates); source: the model"
+                )
+
+    def _restartable(self) -> list[tf.Variable]:
+        """Variables a lost PS may take whose value is not the model's: Keras bookkeeping, metric accumulators
+        (reset every epoch; those of an epoch a failure cut restart at zero)."""
+        out = [v for name in self._bookkeeping if isinstance(v := getattr(self.model, name, None), tf.Variable)]
+        return out + [v for m in self.model.metrics for v in m.variables]
+
+    def _protection_variables(self) -> list[tf.Variable]:
+        protector = self.optimizer.protector
+        out = [v for c in self.protection.collections for v in c.data.values()]
+        out += list(protector.protected.values()) + self.optimizer.protection_variables()
+        return out
+
+    def _reconciler(self) -> FunctionSession:
+        protector = self.optimizer.protector
+
+        def build() -> Reconciler:
+            logs = {}
+            for p in range(self.protection.num_ps):
+                with tf.device(ps_device(p)):
+                    logs[p] = ec_ops.delta_log(name=f"ec_delta_log_ps{p}")
+            return Reconciler(protector.targets, logs, protector.expected_folds, protector.commit_timeout_ms)
+
+        return FunctionSession(build)
+
+    # ---- re-creating the lost PS's variables ------------------------------------------------------
+
+    def _replace(self, lost: list[int]) -> dict[int, tuple[tf.Variable, tf.Variable]]:
+        """New variables for every variable of the `lost` PS; id(old) -> (old, new); references updated."""
+        placement = self.protection.placement
+        for p in lost:
+            placement.replace_anchor(p)
+        initial = {id(v): self._bookkeeping[name] for name in self._bookkeeping if (v := getattr(self.model, name, None)) is not None}
+        candidates = self._protection_variables() + self._restartable()
+        replaced: dict[int, tuple[tf.Variable, tf.Variable]] = {}
+        for old in candidates:
+            p = device_task(old.device)
+            if p not in lost or id(old) in replaced:
+                continue
+            with placement.scope(p):
+                value = tf.fill(old.shape, tf.constant(initial.get(id(old), 0), old.dtype))
+                new = tf.Variable(value, name=variable_name(old), trainable=old.trainable)
+            replaced[id(old)] = (old, new)
+        self._repoint({k: new for k, (_, new) in replaced.items()})
+        return replaced
+
+    def _repoint(self, new: dict[int, tf.Variable]) -> None:
+        """Puts the new variables wherever the old ones were referenced."""
+
+        def swap(v: Any) -> Any:
+            return new.get(id(v), v)
+
+        def swap_in(items: Any) -> None:  # item by item: a tracked list (ListWrapper) compares on slices
+            for i, v in enumerate(list(items)):
+                if id(v) in new:
+                    items[i] = new[id(v)]
+
+        protector = self.optimizer.protector
+        pv = protector.variables
+        for coll in self.protection.collections:
+            for p in list(coll.data):
+                coll.data[p] = swap(coll.data[p])
+        for mapping in (pv.slots, pv.replicas):
+            for items in mapping.values():
+                swap_in(items)
+        for parity in pv.parity.values():
+            for q in list(parity):
+                parity[q] = swap(parity[q])
+        for name in list(pv.protected):
+            pv.protected[name] = swap(pv.protected[name])
+        for target in protector.targets.values():
+            swap_in(target.variables)
+        opt = self.optimizer
+        opt._iterations = swap(opt._iterations)
+        swap_in(opt._variables)
+        for name in self._bookkeeping:
+            object.__setattr__(self.model, name, swap(getattr(self.model, name)))
+        modules = [self.model, *self.model.submodules]
+        for metric in self.model.metrics:
+            modules += [metric, *metric.submodules]
+        for layer in modules:
+            if not isinstance(layer, tf.keras.layers.Layer):
+                continue
+            for attr in ("_trainable_weights", "_non_trainable_weights"):
+                weights = getattr(layer, attr, None)
+                if weights is not None:
+                    swap_in(weights)
+            for key, value in list(vars(layer).items()):
+                if isinstance(value, tf.Variable) and id(value) in new:
+                    object.__setattr__(layer, key, new[id(value)])
+                    layer._track_trackable(new[id(value)], name=key, overwrite=True)
+                elif isinstance(value, list) and any(id(v) in new for v in value):
+                    swap_in(value)
+
+    # ---- rebuilding them ---------------------------------------------------------------------------
+
+    def _rebuild_tables(self, lost: list[int]) -> RebuildStats:
+        protector = self.optimizer.protector
+        stats = RebuildStats()
+        colls = list(self.protection.collections)
+        rebuild = FunctionSession(lambda: [CollectionRebuild(c, protector, self.slice_bytes) for c in colls])
+        for table in rebuild.built:
+            targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost]
+            present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost} for st in table.layout.stripes}
+            table.run(rebuild, targets, present, None, stats)
+        return stats
+
+    def _rebuild_dense(self, replaced: dict[int, tuple[tf.Variable, tf.Variable]]) -> None:
+        """Dense variables (with slots) and the iteration count from a surviving copy; replicas from their primary."""
+        protector = self.optimizer.protector
+        new_ids = {id(new) for _, new in replaced.values()}
+        for name, primary in protector.protected.items():
+            reps = protector.replicas[name]
+            group = [primary, *protector.slots_of(primary)]
+            is_step = primary.shape.rank == 0
+            if any(id(v) in new_ids for v in group):
+                source = next(r for r in reps if id(r) not in new_ids)
+                with tf.device(primary.device):
+                    if is_step:
+                        primary.assign(source.read_value())
+                    else:
+                        for v, value in zip(group, split_row_words(source.read_value(), group)):
+                            v.assign(value)
+            for rep in reps:
+                if id(rep) in new_ids:
+                    with tf.device(rep.device):
+                        rep.assign(primary.read_value() if is_step else row_words([v.read_value() for v in group], int(primary.shape[0])))
