@@ -153,9 +153,66 @@ def restart_case() -> None:
     _exit_with(case)
 
 
+def moved_case() -> None:
+    """A PS restarted at a new address: the coordinator reaches it after update_server_def, a survivor PS
+    does not (it keeps the cluster its server started with), so a step moving a tensor PS to PS fails."""
+
+    def case() -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        spec, procs, start = _cluster(2)
+        try:
+            strategy = _strategy(spec)
+            coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+            with strategy.scope():
+                anchors = [tf.Variable(0, name=f"anchor{i}") for i in range(2)]
+                with strategy.extended.colocate_vars_with(anchors[1]):
+                    y = tf.Variable(tf.zeros([4]), name="y")
+
+            def step_from(x):
+                @tf.function
+                def step():
+                    with tf.device("/job:ps/task:1"):  # PS 1 pulls x's value from PS 0
+                        y.assign(tf.fill([4], tf.cast(x.read_value(), tf.float32) * 2.0))
+                    return y.read_value()[0]
+                return step
+
+            coordinator.schedule(step_from(anchors[0]))
+            coordinator.join()
+            procs[("ps", 0)].kill()
+            procs[("ps", 0)].wait()
+            spec["ps"][0] = f"localhost:{_port()}"
+            start("ps", 0)  # at a new address, with the new cluster
+            server_def = context.get_server_def()
+            for job in server_def.cluster.job:
+                if job.name == "ps":
+                    job.tasks[0] = spec["ps"][0]
+            context.context().update_server_def(server_def)
+            with strategy.scope():
+                fresh = [tf.Variable(7.0, name=f"fresh{i}") for i in range(2)]
+            moved = next(v for v in fresh if tf.DeviceSpec.from_string(v.device).task == 0)
+            assert float(moved.numpy()) == 7.0  # the coordinator reaches the moved PS
+            try:
+                coordinator.schedule(step_from(moved))
+                coordinator.join()
+                raise AssertionError("a survivor PS reached a PS at its new address")
+            except tf.errors.UnavailableError as exc:
+                assert "/job:ps/replica:0/task:1" in str(exc), exc  # PS 1 failed to pull from PS 0
+        finally:
+            for proc in procs.values():
+                proc.kill()
+
+    _exit_with(case)
+
+
 def test_colocation_places_a_variable_and_its_keras_slots_on_the_chosen_ps(fresh_process):
     fresh_process("integration.test_pss_facts:placement_case", timeout=300)
 
 
 def test_a_restarted_ps_keeps_the_survivors_usable_and_its_own_variables_dead(fresh_process):
     fresh_process("integration.test_pss_facts:restart_case", timeout=300)
+
+
+def test_a_survivor_ps_cannot_reach_a_ps_moved_to_a_new_address(fresh_process):
+    fresh_process("integration.test_pss_facts:moved_case", timeout=300)

@@ -76,6 +76,14 @@ class PSSRecoveryResult:
         return dataclasses.asdict(self)
 
 
+def _read_int(variable: tf.Variable, default: int) -> int:
+    """The variable's value; `default` if its PS is already gone (Keras' default for its bookkeeping)."""
+    try:
+        return int(variable.numpy())
+    except (tf.errors.OpError, ValueError):
+        return default
+
+
 class PSSRecovery:
     """Recovers `model` (compiled with the protection's optimizer) after a PS failure.
 
@@ -91,7 +99,8 @@ class PSSRecovery:
         self.slice_bytes = int(slice_bytes)
         self.generation = 0
         self._bookkeeping = {
-            name: int(v.numpy()) for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
+            name: _read_int(v, 1 if name == "_steps_per_execution" else 0)
+            for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
         }
 
     @property
@@ -112,10 +121,12 @@ class PSSRecovery:
         protector = self.optimizer.protector
         self._check_recoverable(lost)
         alive = [p for p in range(self.protection.num_ps) if p not in lost]
-        # 3. settle what the failure cut, on the survivors; refuse older steps from now on.
-        settle = self._reconciler()
-        result.settled = settle.built.settle(settle, alive, lost).counts()
+        # 3. refuse the steps of the traced step from now on (one still in flight on a worker), then settle
+        #    what the failure cut, on the survivors (docs/settlement.md, invariant vi).
         self.generation = min(self.generation + 1, MAX_GENERATION)
+        settle = self._reconciler()
+        settle.built.set_generation(settle, alive, self.generation)
+        result.settled = settle.built.settle(settle, alive, lost).counts()
         # 4. new variables on the restarted PS, the references re-pointed.
         replaced = self._replace(lost)
         # 5. rebuild them.
@@ -136,17 +147,33 @@ class PSSRecovery:
         return result
 
     def _reconnect(self, timeout_secs: float) -> None:
-        """Updates the eager context's cluster (the resolver's current addresses) until every task answers."""
+        """Updates the eager context's cluster until every task answers.
+
+        Raises:
+          RecoveryError: a PS the resolver now names at another address.
+            TensorFlow 2.15's PS servers keep the cluster they started with
+            and a step moves deltas PS to PS, so a survivor would keep dialing
+            the old address (`tests/integration/test_pss_facts.py` shows it):
+            restart the job's tasks with the new cluster and restore from the
+            last checkpoint.
+        """
         deadline = time.monotonic() + timeout_secs
+        server_def = context.get_server_def()
+        current = {job.name: dict(job.tasks) for job in server_def.cluster.job}
+        wanted = resolver_of(self.protection.strategy).cluster_spec().as_dict()
+        moved = {
+            f"{name}:{i}": (current.get(name, {}).get(i), address)
+            for name in ("ps", "worker") for i, address in enumerate(wanted.get(name, []))
+            if current.get(name, {}).get(i) != address
+        }
+        if moved:
+            raise RecoveryError(
+                f"tasks moved to new addresses {moved}: the PS servers of TensorFlow 2.15 keep the cluster they "
+                "started with, so the survivors cannot reach a moved PS; rule: a recovered task keeps its address "
+                "(a StatefulSet or TFJob service name does); restart the job with the new cluster and restore its "
+                "last checkpoint; source: the cluster resolver"
+            )
         while True:
-            server_def = context.get_server_def()
-            spec = resolver_of(self.protection.strategy).cluster_spec().as_cluster_def()
-            for job in spec.job:  # the resolver's addresses for the ps and worker jobs; our own job as it was
-                if job.name in ("ps", "worker"):
-                    for existing in server_def.cluster.job:
-                        if existing.name == job.name:
-                            existing.tasks.clear()
-                            existing.tasks.update(job.tasks)
             try:
                 context.context().update_server_def(server_def)
                 return

@@ -1,0 +1,267 @@
+"""tf_ecrec under TF2 ParameterServerStrategy: placement, exact parity under async fit, recovery from parity.
+
+Each case runs in a fresh interpreter (a strategy binds the process's eager context to its
+cluster) against real PS and worker processes (`harness.pss_cluster`); the interpreter is the
+coordinator.  The oracles: the layout (every variable's device), re-encoding every stripe from
+the data (`tf_ecrec.verify.check_parity`), and, for recovery, the values every variable held
+before the failure (read when no step was in flight), compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+TOTAL_TIMEOUT = 420
+
+
+def _exit_with(case: Callable[[], None]) -> None:
+    """Runs `case` and leaves at once (the coordinator's threads would wait on the cluster); 1 on failure."""
+    code = 0
+    try:
+        case()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _setup(num_ps: int = 3, num_workers: int = 2, ec: str = "2+1") -> tuple[Any, Any]:
+    from harness.pss_cluster import PSSCluster
+
+    import tf_ecrec.pss
+
+    tf_ecrec.pss.prepare_process()
+    import tensorflow as tf
+
+    cluster = PSSCluster(num_ps, num_workers)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        cluster.resolver(), variable_partitioner=tf_ecrec.pss.ECPartitioner())
+    return cluster, tf_ecrec.pss.protect(strategy, ec)
+
+
+def _model(tf: Any, name: str, optimizer: Any, protection: Any) -> Any:
+    import tf_ecrec.keras
+
+    class Model(tf.keras.Model):
+        def __init__(self) -> None:
+            super().__init__(name=name)
+            self.emb = tf_ecrec.keras.ECEmbeddings([("a", 300), ("b", 77)], 4, name=f"{name}_emb")
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, x: Any) -> Any:
+            return self.dense(tf.reshape(self.emb(x), [-1, 8]))
+
+    with protection.strategy.scope():
+        model = Model()
+        model.compile(optimizer=protection.optimizer(optimizer), loss="mse")
+    return model
+
+
+def _data(tf: Any) -> Any:
+    def dataset_fn(ctx: Any) -> Any:
+        rng = np.random.default_rng(ctx.input_pipeline_id if ctx else 0)
+        ids = np.stack([rng.integers(0, 300, 1024), rng.integers(0, 77, 1024)], 1)
+        y = rng.normal(size=(1024, 1)).astype(np.float32)
+        return tf.data.Dataset.from_tensor_slices((ids, y)).repeat().batch(16)
+
+    return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def _values(model: Any) -> dict[str, np.ndarray]:
+    """Every variable of the model and its protection, by name (read when no step is in flight)."""
+    from tf_ecrec.device import variable_name
+
+    opt = model.optimizer
+    variables = list(model.trainable_variables) + opt.protection_variables() + [opt.iterations]
+    return {variable_name(v): v.numpy() for v in variables}
+
+
+def _check_parity(model: Any) -> dict[str, Any]:
+    from tf_ecrec.verify import check_parity
+
+    report = check_parity(model.optimizer.describe(), _values(model))
+    assert report["stripes_checked"] > 0 and report["replicas_checked"] > 0, report
+    assert report["mismatches"] == 0 and report["replica_mismatches"] == 0, report
+    return report
+
+
+# ---- placement and exact parity ---------------------------------------------------------------------
+
+
+def placement_and_parity_case() -> None:
+    def case() -> None:
+        import tensorflow as tf
+
+        from tf_ecrec.embedding import device_task
+
+        cluster, protection = _setup()
+        try:
+            optimizers = {
+                "sgd": tf.keras.optimizers.SGD(0.1),
+                "adagrad": tf.keras.optimizers.Adagrad(0.1),
+                "adam": tf.keras.optimizers.Adam(0.01),
+                "ftrl": tf.keras.optimizers.Ftrl(0.1),
+            }
+            for name, optimizer in optimizers.items():
+                model = _model(tf, name, optimizer, protection)
+                model.fit(_data(tf), epochs=2, steps_per_epoch=12, verbose=0)
+                before = {n: v for n, v in _values(model).items() if "/data" in n and not n.endswith(("accumulator", "/m", "/v", "linear"))}
+                coll = model.emb.collection
+                # Placement: the layout's PS for every data chunk and parity chunk; slots with their
+                # variable; replicas on the next r PS; never the creation counter's guess unchecked.
+                for p, var in coll.data.items():
+                    assert device_task(var.device) == p and coll.data_chunks_on[p], (name, var.device)
+                opt = model.optimizer.protector
+                for q, var in opt.parity[coll.name].items():
+                    assert device_task(var.device) == q and coll.parity_chunks_on[q], (name, var.device)
+                for var_name, slots in opt.variables.slots.items():
+                    owner = next(v for v in [*coll.data.values(), *opt.protected.values()] if v.name.startswith(var_name + ":"))
+                    assert all(device_task(s.device) == device_task(owner.device) for s in slots), var_name
+                for var_name, reps in opt.replicas.items():
+                    primary = device_task(opt.protected[var_name].device)
+                    assert [device_task(r.device) for r in reps] == [(primary + 1) % 3], var_name
+                assert int(model.optimizer.iterations.numpy()) == 24, name
+                report = _check_parity(model)
+                assert report["rows_checked"] == coll.table_layout.chunk_rows * coll.table_layout.num_stripes, report
+                # Training changes the tables (parity equal to the code of untouched data proves little).
+                model.fit(_data(tf), epochs=1, steps_per_epoch=4, verbose=0)
+                after = _values(model)
+                assert any(not np.array_equal(before[n], after[n]) for n in before), name
+                _check_parity(model)
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
+# ---- recovery -------------------------------------------------------------------------------------------
+
+
+def rebuild_is_exact_case() -> None:
+    """The deterministic comparison: with no step in flight, a rebuilt PS holds what it held, bit for bit
+    (PS 1, then PS 0), and training goes on over it."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        from tf_ecrec.pss.recovery import PSSRecovery
+
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
+            recovery = PSSRecovery(protection, model)
+            for ps in (1, 0):
+                model.fit(_data(tf), epochs=1, steps_per_epoch=10, verbose=0)
+                held = _values(model)
+                cluster.kill("ps", ps)
+                cluster.restart("ps", ps)
+                result = recovery.recover(timeout_secs=120)
+                assert result.lost == [ps], result
+                assert result.settled == {"undone": 0, "finished": 0, "committed": 0}, result
+                assert result.variables_rebuilt > 0 and result.bytes_rebuilt > 0, result
+                now = _values(model)
+                assert sorted(now) == sorted(held)
+                different = [n for n in held if not np.array_equal(held[n], now[n])]
+                assert not different, f"PS {ps} rebuilt differently: {different}"
+                assert result.step == int(held["iteration"])
+            model.fit(_data(tf), epochs=1, steps_per_epoch=6, verbose=0)  # the retraced step over the new variables
+            assert int(model.optimizer.iterations.numpy()) == 26
+            _check_parity(model)
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
+def kill_during_fit_case() -> None:
+    """PS killed while asynchronous workers train, twice in sequence (PS 1, then PS 0): each is rebuilt
+    from parity, fit goes on from the step it was at (no step lost but the cut ones settlement undid),
+    and parity is exact at the end."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        import tf_ecrec.pss
+
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
+            seen: dict[int, int] = {}
+
+            def killer() -> None:
+                for ps, at in ((1, 20), (0, 45)):
+                    while int(model.optimizer.iterations.numpy()) < at:
+                        time.sleep(0.01)
+                    seen[ps] = int(model.optimizer.iterations.numpy())
+                    cluster.kill("ps", ps)
+                    time.sleep(0.5)
+                    cluster.restart("ps", ps)
+
+            thread = threading.Thread(target=killer, daemon=True)
+            thread.start()
+            result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=20, verbose=0, timeout_secs=120)
+            thread.join(timeout=60)
+            assert [r.lost for r in result.recoveries] == [[1], [0]], result
+            for r, ps in zip(result.recoveries, (1, 0)):
+                # No rollback: the job resumes at least where it was seen before the kill, less the cut
+                # steps settlement undid (a rolled-back job would resume at a checkpoint's step).
+                assert r.step >= seen[ps] - r.settled["undone"], (r, seen)
+            assert result.steps == 80 and int(model.optimizer.iterations.numpy()) == 80
+            _check_parity(model)
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
+def beyond_the_code_case() -> None:
+    """Two PS of a 2+1 code lost at once: each stripe lost two chunks; recovery refuses (checkpoint fallback)."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        from tf_ecrec.errors import RecoveryError
+        from tf_ecrec.pss.recovery import PSSRecovery
+
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.SGD(0.1), protection)
+            model.fit(_data(tf), epochs=1, steps_per_epoch=4, verbose=0)
+            for ps in (1, 2):
+                cluster.restart("ps", ps)
+            try:
+                PSSRecovery(protection, model).recover(timeout_secs=120)
+            except RecoveryError as exc:
+                assert "more than r = 1" in str(exc), exc
+            else:
+                raise AssertionError("recovering two lost PS of a 2+1 code did not fail")
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
+def test_fit_places_by_the_layout_and_keeps_parity_exact(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:placement_and_parity_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_a_rebuilt_ps_holds_what_it_held(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:rebuild_is_exact_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_ps_killed_during_fit_recovers_from_parity(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:kill_during_fit_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_a_loss_beyond_the_code_is_refused(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:beyond_the_code_case", timeout=TOTAL_TIMEOUT)
