@@ -224,6 +224,40 @@ def kill_during_fit_case() -> None:
     _exit_with(case)
 
 
+def worker_killed_during_fit_case() -> None:
+    """A worker killed in the middle of its steps and restarted: the strategy re-runs its closures, the
+    steps it left half done are settled while training goes on, and parity is exact at the end."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        import tf_ecrec.pss
+
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
+
+            def killer() -> None:
+                while int(model.optimizer.iterations.numpy()) < 15:
+                    time.sleep(0.01)
+                cluster.kill("worker", 1)
+                time.sleep(0.5)
+                cluster.restart("worker", 1)
+
+            thread = threading.Thread(target=killer, daemon=True)
+            thread.start()
+            result = tf_ecrec.pss.fit(model, _data(tf), epochs=3, steps_per_epoch=20, verbose=0, timeout_secs=120)
+            thread.join(timeout=60)
+            assert not result.recoveries, result  # no PS was lost
+            assert result.steps == 60
+            print("stale steps settled:", result.stale_settled, flush=True)
+            _check_parity(model)
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
 def beyond_the_code_case() -> None:
     """Two PS of a 2+1 code lost at once: each stripe lost two chunks; recovery refuses (checkpoint fallback)."""
 
@@ -265,3 +299,7 @@ def test_ps_killed_during_fit_recovers_from_parity(fresh_process: Any) -> None:
 
 def test_a_loss_beyond_the_code_is_refused(fresh_process: Any) -> None:
     fresh_process("integration.test_pss:beyond_the_code_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_a_worker_killed_during_fit_leaves_parity_exact(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:worker_killed_during_fit_case", timeout=TOTAL_TIMEOUT)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ class FitResult:
     recoveries: list[PSSRecoveryResult] = dataclasses.field(default_factory=list)
     retries: int = 0
     steps: int = 0
+    stale_settled: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
 
 def fit(
@@ -87,6 +89,7 @@ def fit(
             result.steps = done
             return result
         epoch, within = divmod(done, int(steps_per_epoch))
+        settler = _StaleSettler(recovery, result)
         try:
             if within:  # finish the epoch a failure cut
                 result.histories.append(model.fit(
@@ -97,6 +100,7 @@ def fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
                     callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
         except tf.errors.UnavailableError as exc:
+            settler.stop()
             result.retries += 1
             if result.retries > max_failures:
                 raise RecoveryError(f"{result.retries} failures in one fit; the last: {exc}; source: tf_ecrec.pss.fit") from exc
@@ -108,3 +112,33 @@ def fit(
                     on_recovery(recovered)
             else:
                 time.sleep(1.0)  # nothing lost: a worker's channel to a restarted PS is still reconnecting
+        finally:
+            settler.stop()
+
+
+class _StaleSettler:
+    """While ``model.fit`` runs: settles, every second, the steps dead workers left (`PSSRecovery.settle_stale`)."""
+
+    def __init__(self, recovery: PSSRecovery, result: FitResult, period_secs: float = 1.0) -> None:
+        self._recovery = recovery
+        self._result = result
+        self._period = period_secs
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ec-stale-settler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._period):
+            try:
+                counts = self._recovery.settle_stale()
+            except tf.errors.OpError as exc:  # a PS down: the failure surfaces in fit, recovery follows
+                _LOG.info("stale-step settlement skipped: %s", str(exc).splitlines()[0][:200])
+                continue
+            if counts:
+                self._result.stale_settled.append(counts)
+                _LOG.warning("settled steps a dead worker left: %s", counts)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)  # an RPC to a dead PS fails within seconds (fast reconnect)

@@ -49,7 +49,7 @@ from tf_ecrec.pss.placement import resolver_of
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.step_program import MAX_GENERATION
-from tf_ecrec.steplog import Reconciler
+from tf_ecrec.steplog import STALE_SECS, Reconciler
 from tf_ecrec.stripe_encoding import row_words, split_row_words
 
 _LOG = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class PSSRecovery:
         self.model = model
         self.slice_bytes = int(slice_bytes)
         self.generation = 0
+        self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
         self._bookkeeping = {
             name: _read_int(v, 1 if name == "_steps_per_execution" else 0)
             for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
@@ -139,12 +140,26 @@ class PSSRecovery:
         self.model.train_function = None
         self.model.test_function = None
         self.model.predict_function = None
+        self._stale = None
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
         result.step = int(self.optimizer.iterations.numpy())
         result.seconds = time.monotonic() - started
         _LOG.warning("recovered PS %s from parity at step %d in %.1fs: %s", lost, result.step, result.seconds, result.settled)
         return result
+
+    def settle_stale(self, stale_secs: float = STALE_SECS) -> dict[str, int] | None:
+        """Settles the steps a dead worker left (pending `stale_secs`, waiting on nothing), training going on.
+
+        A worker killed in a step leaves its log entries pending; later steps'
+        round-1 commits wait behind them.  The strategy re-runs the closure on
+        the restarted worker (a new step id); this settles the old one, as the
+        chief does on the Estimator path (`Reconciler.settle_stale`).
+        """
+        if self._stale is None:
+            self._stale = self._reconciler()
+        report = self._stale.built.settle_stale(self._stale, range(self.protection.num_ps), stale_secs)
+        return report.counts() if report is not None else None
 
     def _reconnect(self, timeout_secs: float) -> None:
         """Updates the eager context's cluster until every task answers.
