@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, values
+from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy, values
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +35,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "kill and restart tasks on cue, and write a report.",
     )
     p.add_argument("--model", default="dlrm",
-                   help="dlrm, dcn, or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
+                   help="dlrm, dcn, keras_dlrm (--strategy pss), or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
     p.add_argument("--data", default="synthetic", help="synthetic | criteo:PATH[,PATH...]")
+    p.add_argument("--strategy", default="estimator", choices=values(Strategy),
+                   help="estimator (sessions, the default) or pss: TF2 ParameterServerStrategy with Keras fit "
+                   "(--model keras_dlrm or a module with keras_model; docs/pss.md)")
     p.add_argument("--ps", type=int, default=3, help="parameter server tasks")
     p.add_argument("--workers", type=int, default=2, help="training workers, the chief included")
     p.add_argument(
@@ -190,6 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         task_timeout=args.task_timeout,
         add_workers=parse_add_workers(args.add_worker),
         removes=parse_removes(args.remove_worker),
+        strategy=args.strategy,
     )
     if job.model not in MODELS:
         # A user's module is imported here first, so a broken one fails before any process starts; the
@@ -201,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        load_model(job.model)
+        load_model(job.model, keras=job.strategy is Strategy.PSS)
     Supervisor(job, live=False if args.quiet else None).run()
     return 0
 

@@ -153,6 +153,20 @@ def _arrays_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.
     return ds.prefetch(2)
 
 
+def materialized_dataset(source: Source, start: int, end: int, batch_size: int) -> tf.data.Dataset:
+    """Records [start, end) of a synthetic `source`, read now, as a dataset that repeats them in batches.
+
+    For an input pipeline built on one process and run on another (a TF2
+    ParameterServerStrategy worker's, made from the coordinator's
+    ``dataset_fn``): a generator's Python cannot run there, so the records go
+    into the dataset's graph.  Hold a worker's share only (``end - start``
+    records of 13 + 26 + 1 numbers).
+    """
+    b = source.read(start, end)
+    features = {"dense": _dense_transform(tf.constant(b.dense)), "cat": tf.constant(b.cat)}
+    return tf.data.Dataset.from_tensor_slices((features, tf.constant(b.label))).repeat().batch(batch_size)
+
+
 def _dense_transform(raw: tf.Tensor) -> tf.Tensor:
     return tf.math.log1p(tf.cast(tf.maximum(raw, 0), tf.float32))
 

@@ -22,6 +22,13 @@ class FaultTolerance(str, enum.Enum):
     ECREC = "ecrec"
 
 
+class Strategy(str, enum.Enum):
+    """``--strategy``: how the job trains: Estimator sessions, or TF2 ParameterServerStrategy with Keras fit."""
+
+    ESTIMATOR = "estimator"
+    PSS = "pss"
+
+
 class Storage(str, enum.Enum):
     """``--storage``: how the embedding tables are stored."""
 

@@ -31,6 +31,11 @@ def manifest_file(model_dir: str) -> str:
     return os.path.join(model_dir, MANIFEST_FILE)
 
 
+def digest_file(model_dir: str) -> str:
+    """The digest a ``--strategy pss`` chief writes at the end (its variables are readable only by it)."""
+    return os.path.join(model_dir, "digest.json")
+
+
 def logs_dir(model_dir: str) -> str:
     return os.path.join(model_dir, "logs")
 

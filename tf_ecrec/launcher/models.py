@@ -10,10 +10,11 @@ from tf_ecrec.launcher.spec import JobSpec
 
 # The models a job may train, by import path: the launcher imports them only by name (importlib),
 # never statically (tf_ecrec.examples exists only when the package is installed).
-MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn"}
+MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn",
+                 "keras_dlrm": "tf_ecrec.examples.keras_dlrm"}
 
 
-def load_model(name: str) -> Any:
+def load_model(name: str, keras: bool = False) -> Any:
     """The model module of ``--model``: a built-in name, or a user's module by import path.
 
     The contract of a model module (the built-in ``tf_ecrec.examples.dlrm`` follows it):
@@ -32,6 +33,11 @@ def load_model(name: str) -> Any:
       ``optimizer``, ``learning_rate``, ``storage``, ``storage_code``;
       without it the params are those flags.
 
+    Under ``--strategy pss`` (`keras`), ``keras_model(params)`` replaces
+    ``model_fn``: an uncompiled Keras model over those features, its tables
+    `tf_ecrec.keras.ECEmbeddings` (the built-in ``tf_ecrec.examples.keras_dlrm``
+    follows it; `tf_ecrec.launcher.pss_job` compiles and trains it).
+
     Raises:
       ConfigError: the module cannot be imported or breaks the contract.
     """
@@ -41,7 +47,11 @@ def load_model(name: str) -> Any:
     except ImportError as exc:
         raise ConfigError(f"--model {name!r}: cannot import module {path!r} ({exc}); rule: a built-in model "
                           f"({', '.join(MODEL_MODULES)}) or a module on PYTHONPATH; source: --model") from exc
-    if not callable(getattr(module, "model_fn", None)):
+    if keras:
+        if not callable(getattr(module, "keras_model", None)):
+            raise ConfigError(f"--model {name!r}: module {path!r} has no callable keras_model; rule: a model module for "
+                              "--strategy pss defines keras_model(params); source: --model")
+    elif not callable(getattr(module, "model_fn", None)):
         raise ConfigError(f"--model {name!r}: module {path!r} has no callable model_fn; rule: a model module defines "
                           "model_fn(features, labels, mode, params, config); source: --model")
     if hasattr(module, "default_params") and not callable(module.default_params):

@@ -1,9 +1,7 @@
 """The job a launcher runs, as one validated value: flags in, `JobSpec` out.
 
-Everything a task process needs to build its model and input is in the
-`JobSpec` (written to ``<model_dir>/job.json`` and handed to every task), and
-every rule about flag combinations is checked here, before any process
-starts.
+Everything a task process needs is in the `JobSpec` (``<model_dir>/job.json``, handed to every
+task); every rule about flag combinations is checked here, before any process starts.
 """
 
 from __future__ import annotations
@@ -15,10 +13,10 @@ import re
 from typing import Any, TypeVar
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage
+from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
 from tf_ecrec.launcher.kill_spec import KillSpec
 
-MODELS = ("dlrm", "dcn")
+MODELS = ("dlrm", "dcn", "keras_dlrm")
 # A user's model module (`tf_ecrec.launcher.task.load_model`): a dotted import path.
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -76,12 +74,10 @@ class JobSpec:
       optimizer); ``"partitioned"`` (each table a partitioned variable over
       the PS) is how stock TensorFlow scripts store them.  Default: the
       collection under ecrec, partitioned otherwise.
-    - ``rebuild_slice_mb``: rows of a lost chunk moved per session call of
-      a rebuild (`tf_ecrec.rebuild`): it bounds the rebuild's buffers on
-      every PS; smaller slices interleave more finely with training.
-    - ``rebuild_share``: the fraction of the time a background rebuild
-      walks its slices (`tf_ecrec.rebuild.background.BackgroundRebuild`); below 1 it
-      pauses between slices and leaves the machine to training.
+    - ``rebuild_slice_mb``: a lost chunk's rows moved per call of a rebuild (`tf_ecrec.rebuild`): the
+      bound on its buffers on every PS.  ``rebuild_share``: the fraction of the time a background
+      rebuild walks its slices (below 1 it pauses between slices, leaving the machine to training).
+    - ``strategy``: Estimator sessions, or ``pss`` (`tf_ecrec.launcher.pss_job`).
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -130,6 +126,7 @@ class JobSpec:
     task_timeout: float = 10.0
     add_workers: tuple[int, ...] = ()
     removes: tuple[KillSpec, ...] = ()
+    strategy: Strategy = Strategy.ESTIMATOR
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kills", tuple(self.kills))
@@ -142,6 +139,7 @@ class JobSpec:
         object.__setattr__(self, "optimizer", _member(Optimizer, self.optimizer, "--optimizer"))
         object.__setattr__(self, "on_corrupt", _member(OnCorrupt, self.on_corrupt, "--on-corrupt"))
         object.__setattr__(self, "restart_at", _member(RestartAt, self.restart_at, "--restart-at"))
+        object.__setattr__(self, "strategy", _member(Strategy, self.strategy, "--strategy"))
         self.validate()
 
     # ---- rules ---------------------------------------------------------------------------
@@ -174,11 +172,9 @@ class JobSpec:
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
         _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
-        if self.checkpoint_steps is not None and self.checkpoint_secs is not None:
-            raise ConfigError(
-                "--checkpoint-steps and --checkpoint-secs were both given; choose one interval; "
-                "source: --checkpoint-steps/--checkpoint-secs"
-            )
+        _check(self.checkpoint_steps is None or self.checkpoint_secs is None,
+               "--checkpoint-steps and --checkpoint-secs were both given; choose one interval",
+               "--checkpoint-steps/--checkpoint-secs")
         if self.fault_tolerance is FaultTolerance.NONE and (self.checkpoint_steps or self.checkpoint_secs):
             raise ConfigError(
                 "a checkpoint interval was given with --fault-tolerance none; intervals apply to checkpoint "
@@ -230,6 +226,10 @@ class JobSpec:
                 "--kill",
             )
         self._validate_elastic()
+        if self.strategy is Strategy.PSS:
+            from tf_ecrec.launcher.pss_job import check_pss_job
+
+            check_pss_job(self)
 
     @property
     def table_storage(self) -> Storage:
@@ -340,8 +340,9 @@ class JobSpec:
 
     @property
     def uses_master(self) -> bool:
-        """Whether tasks talk to a job master (dynamic data, membership): not with --no-master or --deterministic."""
-        return self.master and not self.deterministic
+        """Whether tasks talk to a job master (dynamic data, membership): not with --no-master, --deterministic,
+        or --strategy pss (its coordinator schedules the steps)."""
+        return self.master and not self.deterministic and self.strategy is Strategy.ESTIMATOR
 
     @property
     def owns_master(self) -> bool:

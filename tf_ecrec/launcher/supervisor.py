@@ -77,7 +77,7 @@ from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import ProcessTable, TaskState, job_cluster
 from tf_ecrec.launcher.run_record import RunRecord, write_report
 from tf_ecrec.launcher.run_state import RunState
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.spec import JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
 from tf_ecrec.master.server import read_token
 
@@ -129,7 +129,8 @@ class Supervisor:
                     # Non-chief workers start once the chief has initialised the model:
                     # started earlier, the stock worker session waits 30 s between checks.
                     # An --add-worker slot stays empty until its step.
-                    if task.state is TaskState.PENDING and type_ != "worker":
+                    # Under --strategy pss every worker is a server the chief's strategy connects to: all start.
+                    if task.state is TaskState.PENDING and (type_ != "worker" or job.strategy is Strategy.PSS):
                         self._run.start(task)
                 if type_ == "ps":
                     for port in spare_ports:
@@ -187,6 +188,8 @@ class Supervisor:
 
     def _loop(self) -> None:
         trainers = self._run.table.trainers()
+        if self.job.strategy is Strategy.PSS:  # the workers serve the chief's steps until it ends
+            trainers = [t for t in trainers if t.cluster.task_type == "chief"]
         last_print = 0.0
         last_progress = time.time()
         while True:
@@ -299,6 +302,9 @@ class Supervisor:
     # ---- the end ---------------------------------------------------------------------------
 
     def _digest(self) -> dict[str, Any]:
+        if self.job.strategy is Strategy.PSS:  # written by the chief, the only process that can read its variables
+            with open(model_dir.digest_file(self.job.model_dir), encoding="utf-8") as fh:
+                return dict(json.load(fh))
         ps = [t.cluster.address for t in self._run.table.ps()]
         result = subprocess.run(
             [sys.executable, "-m", "tf_ecrec.live_cluster", model_dir.manifest_file(self.job.model_dir), ",".join(ps)],

@@ -37,7 +37,7 @@ from tf_ecrec.errors import ConfigError, DataError, EcRecError
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.models import load_model, model_params
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec
+from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
 from tf_ecrec.ps_session import fast_reconnect, own_server
 
@@ -265,6 +265,14 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         from tf_ecrec.ops import load_library
 
         load_library()
+    if job.strategy is Strategy.PSS:  # TF2 ParameterServerStrategy: servers, and the chief coordinates
+        from tf_ecrec.launcher import pss_job
+
+        if cluster.is_chief:
+            pss_job.train(job, cluster, _status_sender(cluster))
+        else:
+            pss_job.serve(cluster)
+        return
     if os.environ.get(ENV_SPARE_ADDRESS):
         stand_by(job, os.environ[ENV_SPARE_ADDRESS], cluster.num_ps)
         return

@@ -1,0 +1,220 @@
+"""``tf-ecrec run --strategy pss``: a Keras model trained by ``fit`` under TF2 ParameterServerStrategy.
+
+The tasks: every PS and worker is a ``tf.distribute.Server`` with the op
+library loaded (`serve`); the chief is the strategy's coordinator (`train`):
+it builds the model module's ``keras_model(params)`` in the scope of a
+strategy protected by `tf_ecrec.pss.protect` (``--ec``), compiles it with the
+protection's optimizer wrapper (``--optimizer``, ``--learning-rate``), trains
+``--steps`` steps with `tf_ecrec.pss.fit` and reports to the launcher as
+the Estimator path does: a ``step`` datagram as the iteration count moves
+(read every quarter second), ``session`` when training resumes after a
+recovery, ``recovered`` (method ``parity``) per PS rebuilt, and at the end the
+digest the launcher's report prints (parity check and ``variables_sha256``,
+computed by the chief: the strategy's variables have no names another
+process could read them by), in ``<model_dir>/digest.json``.  Recoveries are
+also appended to ``<model_dir>/recovery.jsonl``.
+
+Each worker's input is its share of the synthetic records, read into its
+input pipeline (`tf_ecrec.data.pipeline.materialized_dataset`).  Not
+supported with ``--strategy pss`` (each refused by `check_pss_job`): Criteo
+files, the job master and its data sharding, elastic workers, spare PS,
+``--restart-at new-port`` (a survivor PS cannot reach a moved PS:
+`tf_ecrec.pss.recovery`), ``--deterministic``, and protection other than
+``--fault-tolerance ecrec``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from tf_ecrec.config import ClusterConfig
+from tf_ecrec.errors import ConfigError, LaunchError
+from tf_ecrec.launcher import model_dir
+from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
+from tf_ecrec.launcher.models import load_model, model_params
+from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.status import StatusKind
+
+_LOG = logging.getLogger(__name__)
+
+STEP_REPORT_SECS = 0.25
+MAX_RECORDS_PER_WORKER = 1 << 20
+"""A worker's input holds at most this many records (then repeats them): they live in its pipeline's graph."""
+
+
+def check_pss_job(job: JobSpec) -> None:
+    """Raises ConfigError for a flag ``--strategy pss`` does not support (see the module doc)."""
+    rules = [
+        (job.fault_tolerance is FaultTolerance.ECREC,
+         f"--fault-tolerance {job.fault_tolerance.value}: --strategy pss trains with --fault-tolerance ecrec"),
+        (job.data == "synthetic", f"--data {job.data}: --strategy pss reads --data synthetic only"),
+        (job.master_address is None and job.zk is None,
+         "--master/--zk: --strategy pss has no job master (its coordinator schedules the steps)"),
+        (not job.add_workers and not job.removes, "--add-worker/--remove-worker: not with --strategy pss"),
+        (job.spare_ps == 0, "--spare-ps: not with --strategy pss"),
+        (job.restart_at is RestartAt.SAME,
+         "--restart-at new-port: under --strategy pss a recovered PS keeps its address (docs/pss.md)"),
+        (not job.deterministic, "--deterministic: --strategy pss trains asynchronously"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(f"{message}; source: --strategy")
+
+
+def serve(cluster: ClusterConfig) -> None:
+    """A PS or worker task: a server that runs what the coordinator sends, until the launcher stops it."""
+    from tf_ecrec.launcher.task import start_server
+    from tf_ecrec.ops import load_library
+
+    load_library()
+    server = start_server(cluster)
+    _LOG.info("%s serving at %s", cluster.task, cluster.address)
+    server.join()
+
+
+def _steps_per_epoch(steps: int) -> int:
+    """The largest divisor of `steps` up to 200: fit's epochs then add up to exactly `steps`."""
+    return max(d for d in range(1, min(steps, 200) + 1) if steps % d == 0)
+
+
+def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
+    """The chief: builds, trains and digests the model (see the module doc)."""
+    import tensorflow as tf
+
+    import tf_ecrec.pss
+    from tf_ecrec.data.pipeline import materialized_dataset
+    from tf_ecrec.data.synthetic import SyntheticCriteo
+    from tf_ecrec.ec_config import ECConfig
+
+    tf_ecrec.pss.prepare_process()
+    _wait_for_tasks(cluster, timeout_secs=120.0)
+    module = load_model(job.model, keras=True)
+    params = model_params(job, module)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}), task_type="chief", task_id=0,
+        rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf_ecrec.pss.ECPartitioner())
+    protection = tf_ecrec.pss.protect(strategy, ECConfig.parse(job.ec))
+    make_optimizer = getattr(module, "keras_optimizer", None) or _keras_optimizer
+    tf.keras.utils.set_random_seed(job.seed)
+    with strategy.scope():
+        model = module.keras_model(params)
+        model.compile(optimizer=protection.optimizer(make_optimizer(params["optimizer"], params["learning_rate"])),
+                      loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    source = SyntheticCriteo(params["table_sizes"], job.steps * job.batch_size, seed=job.seed)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        share = math.ceil(source.num_records / context.num_input_pipelines)
+        start = context.input_pipeline_id * share
+        end = min(source.num_records, start + share, start + MAX_RECORDS_PER_WORKER)
+        return materialized_dataset(source, start, end, job.batch_size)
+
+    reporter = _StepReporter(model, sender, job.batch_size)
+    log_path = os.path.join(job.model_dir, "recovery.jsonl")
+
+    def on_recovery(result: Any) -> None:
+        entry = {"time": round(time.time(), 3), "task": cluster.task, "method": "parity", "lost_ps": result.lost,
+                 "step_before": reporter.last_step, "global_step": result.step, "steps_rolled_back": 0,
+                 "bytes_rebuilt": result.bytes_rebuilt, "seconds": round(result.seconds, 3),
+                 "steps_undone": result.settled.get("undone", 0), "steps_finished": result.settled.get("finished", 0)}
+        with open(log_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        if sender is not None:
+            sender.send(StatusKind.RECOVERED, method="parity", lost_ps=result.lost, bytes_rebuilt=result.bytes_rebuilt,
+                        rebuild_seconds=round(result.seconds - result.reconnect_seconds, 3), step=result.step,
+                        phases={"reconnect": round(result.reconnect_seconds, 3)},
+                        steps_undone=entry["steps_undone"], steps_finished=entry["steps_finished"], folds_rolled_back=0)
+            sender.send(StatusKind.SESSION, step=result.step, session=1 + len(reporter.sessions))
+        reporter.sessions.append(result.step)
+
+    spe = _steps_per_epoch(job.steps)
+    try:
+        result = tf_ecrec.pss.fit(model, tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=job.steps // spe,
+                                  steps_per_epoch=spe, verbose=2, on_recovery=on_recovery)
+    finally:
+        reporter.stop()
+    digest = _digest(model)
+    with open(model_dir.digest_file(job.model_dir), "w", encoding="utf-8") as fh:
+        json.dump(digest, fh)
+    if sender is not None:
+        sender.send(StatusKind.DONE, step=result.steps, records=result.steps * job.batch_size, steps=result.steps,
+                    corrupt_records=0)
+
+
+def _wait_for_tasks(cluster: ClusterConfig, timeout_secs: float) -> None:
+    """Waits until every PS and worker accepts connections: the strategy connects to all of them at once,
+    and TensorFlow 2.15's coordinator aborts the process (a gRPC assertion) when one is not listening yet."""
+    deadline = time.monotonic() + timeout_secs
+    for address in [*cluster.ps_addresses, *cluster.cluster.get("worker", [])]:
+        host, port = address.rsplit(":", 1)
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"task at {address} did not start within {timeout_secs:.0f}s; source: the cluster") from None
+                time.sleep(0.2)
+
+
+def _keras_optimizer(name: str, learning_rate: float) -> Any:
+    import tensorflow as tf
+
+    kinds = {"adagrad": tf.keras.optimizers.Adagrad, "sgd": tf.keras.optimizers.SGD,
+             "adam": tf.keras.optimizers.Adam, "ftrl": tf.keras.optimizers.Ftrl}
+    if name not in kinds:
+        raise ConfigError(f"--optimizer {name}: --strategy pss trains with one of {sorted(kinds)}; source: --optimizer")
+    return kinds[name](learning_rate)
+
+
+def _digest(model: Any) -> dict[str, Any]:
+    """The parity check and the digest of the model's variables (parity and replicas left out), by name."""
+    from tf_ecrec.device import variable_name
+    from tf_ecrec.live_cluster import ArrayReader, streamed_digest
+    from tf_ecrec.verify import check_parity, redundancy_names
+
+    opt = model.optimizer
+    meta = opt.describe()
+    arrays = {variable_name(v): v.numpy() for v in [*model.trainable_variables, *opt.protection_variables(), opt.iterations]}
+    redundant = redundancy_names(meta)
+    names = sorted(n for n in arrays if n not in redundant)
+    digest, nbytes = streamed_digest(ArrayReader(arrays), names)
+    return {"parity": check_parity(meta, arrays), "variables_sha256": digest, "variables": len(names), "bytes": nbytes}
+
+
+class _StepReporter:
+    """Sends a ``step`` datagram whenever the iteration count moved (read every `STEP_REPORT_SECS`)."""
+
+    def __init__(self, model: Any, sender: Any, batch_size: int) -> None:
+        self.last_step = 0
+        self.sessions: list[int] = []
+        self._model = model
+        self._sender = sender
+        self._batch = batch_size
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ec-step-reporter", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import tensorflow as tf
+
+        while not self._stopped.wait(STEP_REPORT_SECS):
+            try:
+                step = int(self._model.optimizer.iterations.numpy())
+            except (tf.errors.OpError, ValueError):  # its PS is down, or being rebuilt
+                continue
+            if step != self.last_step and self._sender is not None:
+                self._sender.send(StatusKind.STEP, step=step, records=max(0, step - self.last_step) * self._batch)
+            self.last_step = step
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
