@@ -195,9 +195,10 @@ def _run(args: argparse.Namespace) -> int:
         removes=parse_removes(args.remove_worker),
         strategy=args.strategy,
     )
-    if job.model not in MODELS:
-        # A user's module is imported here first, so a broken one fails before any process starts; the
-        # tasks import it the same way (`python -m` puts the working directory first on sys.path).
+    if job.model not in MODELS or job.strategy is Strategy.PSS:
+        # A user's module (and any under pss, which needs keras_model) is imported here first, so a broken one
+        # fails before any process starts; the tasks import it the same way (`python -m` puts the working
+        # directory first on sys.path).
         import os
         import sys
 

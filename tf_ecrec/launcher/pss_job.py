@@ -7,7 +7,7 @@ strategy protected by `tf_ecrec.pss.protect` (``--ec``), compiles it with the
 protection's optimizer wrapper (``--optimizer``, ``--learning-rate``), trains
 ``--steps`` steps with `tf_ecrec.pss.fit` and reports to the launcher as
 the Estimator path does: a ``step`` datagram as the iteration count moves
-(read every quarter second), ``session`` when training resumes after a
+(`_StepReporter`), ``session`` when training resumes after a
 recovery, ``recovered`` (method ``parity``) per PS rebuilt, and at the end the
 digest the launcher's report prints (parity check and ``variables_sha256``,
 computed by the chief: the strategy's variables have no names another
@@ -45,6 +45,7 @@ from tf_ecrec.launcher.status import StatusKind
 _LOG = logging.getLogger(__name__)
 
 STEP_REPORT_SECS = 0.25
+STEP_REPORT_LAG_SECS = 1.0
 MAX_RECORDS_PER_WORKER = 1 << 20
 """A worker's input holds at most this many records (then repeats them): they live in its pipeline's graph."""
 
@@ -138,7 +139,8 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     spe = _steps_per_epoch(job.steps)
     try:
         result = tf_ecrec.pss.fit(model, tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=job.steps // spe,
-                                  steps_per_epoch=spe, verbose=2, on_recovery=on_recovery)
+                                  steps_per_epoch=spe, verbose=2, on_recovery=on_recovery,
+                                  on_failure=lambda exc: reporter.pause(), on_resume=reporter.resume)
     finally:
         reporter.stop()
     digest = _digest(model)
@@ -191,7 +193,13 @@ def _digest(model: Any) -> dict[str, Any]:
 
 
 class _StepReporter:
-    """Sends a ``step`` datagram whenever the iteration count moved (read every `STEP_REPORT_SECS`)."""
+    """Sends a ``step`` datagram when the iteration count moved, `STEP_REPORT_LAG_SECS` after it saw it.
+
+    The lag keeps the steps still in flight when a PS dies (counted before
+    the error reaches fit) from reading as training resumed: a failure
+    `pause`s the reporter and drops what it holds; the recovery's ``session``
+    datagram gives the step training resumes from, and `resume` goes on.
+    """
 
     def __init__(self, model: Any, sender: Any, batch_size: int) -> None:
         self.last_step = 0
@@ -199,6 +207,9 @@ class _StepReporter:
         self._model = model
         self._sender = sender
         self._batch = batch_size
+        self._held: tuple[int, float] | None = None  # (step, first seen)
+        self._paused = False
+        self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ec-step-reporter", daemon=True)
         self._thread.start()
@@ -211,9 +222,24 @@ class _StepReporter:
                 step = int(self._model.optimizer.iterations.numpy())
             except (tf.errors.OpError, ValueError):  # its PS is down, or being rebuilt
                 continue
-            if step != self.last_step and self._sender is not None:
-                self._sender.send(StatusKind.STEP, step=step, records=max(0, step - self.last_step) * self._batch)
-            self.last_step = step
+            with self._lock:
+                if self._paused or step == self.last_step:
+                    continue
+                if self._held is None or self._held[0] != step:
+                    self._held = (step, self._held[1] if self._held else time.monotonic())
+                if time.monotonic() - self._held[1] < STEP_REPORT_LAG_SECS:
+                    continue
+                if self._sender is not None:
+                    self._sender.send(StatusKind.STEP, step=step, records=max(0, step - self.last_step) * self._batch)
+                self.last_step, self._held = step, None
+
+    def pause(self) -> None:
+        with self._lock:
+            self._paused, self._held = True, None
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
 
     def stop(self) -> None:
         self._stopped.set()

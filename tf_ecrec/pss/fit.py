@@ -52,6 +52,8 @@ def fit(
     verbose: Any = 2,
     recovery: PSSRecovery | None = None,
     on_recovery: Callable[[PSSRecoveryResult], None] | None = None,
+    on_failure: Callable[[BaseException], None] | None = None,
+    on_resume: Callable[[], None] | None = None,
     timeout_secs: float = 300.0,
     max_failures: int = 20,
     **fit_kwargs: Any,
@@ -65,6 +67,8 @@ def fit(
         already counts (``optimizer.iterations``) are not run again.
       recovery: the `PSSRecovery` to use (default: one for `model`).
       on_recovery: called with each recovery's result.
+      on_failure: called with the error when ``model.fit`` fails, before the recovery.
+      on_resume: called after each recovery attempt, before ``model.fit`` runs again.
       timeout_secs: how long to wait for a failed PS to come back.
       max_failures: failures tolerated in one call before giving up.
       **fit_kwargs: more ``model.fit`` arguments (not ``initial_epoch``).
@@ -101,6 +105,8 @@ def fit(
                     callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
         except tf.errors.UnavailableError as exc:
             settler.stop()
+            if on_failure is not None:
+                on_failure(exc)
             result.retries += 1
             if result.retries > max_failures:
                 raise RecoveryError(f"{result.retries} failures in one fit; the last: {exc}; source: tf_ecrec.pss.fit") from exc
@@ -112,6 +118,8 @@ def fit(
                     on_recovery(recovered)
             else:
                 time.sleep(1.0)  # nothing lost: a worker's channel to a restarted PS is still reconnecting
+            if on_resume is not None:
+                on_resume()
         finally:
             settler.stop()
 

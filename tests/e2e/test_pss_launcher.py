@@ -1,0 +1,41 @@
+"""End to end under ``--strategy pss``: the launcher's processes, Keras fit of keras_dlrm, a PS SIGKILLed
+mid-training and rebuilt from parity by the coordinator, the report's parity check and recovery entry."""
+
+import json
+import os
+
+import pytest
+from conftest import cli
+
+PSS = ["--model", "keras_dlrm", "--strategy", "pss", "--fault-tolerance", "ecrec", "--table-rows", "2000",
+       "--embedding-dim", "8", "--batch-size", "128", "--quiet"]
+
+
+def test_a_ps_killed_during_keras_fit_is_rebuilt_from_parity(tmp_path):
+    result = cli("run", "--model-dir", str(tmp_path), *PSS, "--ps", "3", "--workers", "3", "--steps", "240",
+                 "--kill", "ps:1@step=100", "--restart-delay", "1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    with open(os.path.join(tmp_path, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    assert report["global_step"] == 240
+    (rec,) = report["recovery"]
+    assert rec["task"] == "ps:1" and rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+    assert rec["bytes_rebuilt"] > 0 and rec["resumed_from_step"] >= rec["killed_at_step"] - rec["steps_undone"], rec
+    parity = report["parity"]
+    assert parity["stripes_checked"] == 3 and parity["rows_checked"] > 0 and parity["replicas_checked"] > 0
+    assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity["mismatched"]
+    assert len(report["variables_sha256"]) == 64
+    with open(os.path.join(tmp_path, "recovery.jsonl"), encoding="utf-8") as fh:
+        (entry,) = [json.loads(line) for line in fh]
+    assert entry["method"] == "parity" and entry["lost_ps"] == [1] and entry["steps_rolled_back"] == 0
+    assert "recovered lost PS [1] by parity" in result.stderr
+
+
+@pytest.mark.parametrize("flags, rule", [
+    (["--fault-tolerance", "checkpoint"], "--strategy pss trains with --fault-tolerance ecrec"),
+    (["--restart-at", "new-port"], "keeps its address"),
+    (["--model", "dlrm"], "has no callable keras_model"),
+])
+def test_pss_refuses_what_it_does_not_support(tmp_path, flags, rule):
+    result = cli("run", "--model-dir", str(tmp_path), *PSS, *flags)
+    assert result.returncode != 0 and rule in result.stderr, result.stderr[-2000:]
