@@ -41,7 +41,7 @@ STALE_SECS = 5.0
 step takes milliseconds): the chief settles it (`Reconciler.settle_stale`)."""
 
 
-class FeedPairs(tuple):  # type: ignore[type-arg]
+class FeedPairs(tuple[Any, ...]):
     """Feeds as (placeholder, value) pairs: what `feeds` gives where tensors cannot be dict keys."""
 
 

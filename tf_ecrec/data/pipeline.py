@@ -153,7 +153,7 @@ def _arrays_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.
     return ds.prefetch(2)
 
 
-def materialized_dataset(source: Source, start: int, end: int, batch_size: int) -> tf.data.Dataset:
+def materialized_dataset(source: SyntheticCriteo, start: int, end: int, batch_size: int) -> tf.data.Dataset:
     """Records [start, end) of a synthetic `source`, read now, as a dataset that repeats them in batches.
 
     For an input pipeline built on one process and run on another (a TF2
