@@ -46,13 +46,12 @@ class FeedPairs(tuple[Any, ...]):
 
 
 def feeds(*pairs: tuple[Any, Any]) -> Any:
-    """A ``feed_dict`` for ``sess.run``: a dict in a graph (a v1 session's), else `FeedPairs`.
+    """A ``feed_dict`` for ``sess.run``: a dict for a v1 session's graph, `FeedPairs` for a function graph.
 
-    Under TF2 eager execution a tensor (of a function graph too) is not
-    hashable; the settlement then runs through `tf_ecrec.pss.function_session`,
-    which takes the pairs.
+    A tensor of a function graph is not hashable (TF2); settlement over TF2
+    variables runs in one, through `tf_ecrec.pss.function_session`, which takes the pairs.
     """
-    if tf.compat.v1.executing_eagerly_outside_functions():
+    if any(getattr(getattr(key, "graph", None), "building_function", False) for key, _ in pairs):
         return FeedPairs(pairs)
     return dict(pairs)
 
