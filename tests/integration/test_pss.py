@@ -285,6 +285,47 @@ def beyond_the_code_case() -> None:
     _exit_with(case)
 
 
+def beyond_the_code_falls_back_case() -> None:
+    """With checkpoints, two PS of a 2+1 code lost during fit: every variable is restored from the last
+    checkpoint (written between epochs), the steps since it are rolled back and trained again."""
+
+    def case() -> None:
+        import tempfile
+
+        import tensorflow as tf
+
+        import tf_ecrec.pss
+
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
+
+            def killer() -> None:
+                while int(model.optimizer.iterations.numpy()) < 25:
+                    time.sleep(0.01)
+                cluster.kill("ps", 1)
+                cluster.kill("ps", 2)
+                time.sleep(0.5)
+                cluster.restart("ps", 1)
+                cluster.restart("ps", 2)
+
+            thread = threading.Thread(target=killer, daemon=True)
+            thread.start()
+            with tempfile.TemporaryDirectory() as checkpoints:
+                result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=10, verbose=0, timeout_secs=120,
+                                          checkpoint_dir=checkpoints)
+            thread.join(timeout=60)
+            (recovered,) = result.recoveries
+            assert recovered.method == "checkpoint" and recovered.lost == [1, 2], recovered
+            assert recovered.step == 20, recovered  # the checkpoint after epoch 2 (the kill came in epoch 3)
+            assert result.steps == 40 and len(result.checkpoints) == 4, result
+            _check_parity(model)
+        finally:
+            cluster.close()
+
+    _exit_with(case)
+
+
 def test_fit_places_by_the_layout_and_keeps_parity_exact(fresh_process: Any) -> None:
     fresh_process("integration.test_pss:placement_and_parity_case", timeout=TOTAL_TIMEOUT)
 
@@ -303,3 +344,7 @@ def test_a_loss_beyond_the_code_is_refused(fresh_process: Any) -> None:
 
 def test_a_worker_killed_during_fit_leaves_parity_exact(fresh_process: Any) -> None:
     fresh_process("integration.test_pss:worker_killed_during_fit_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_a_loss_beyond_the_code_falls_back_to_the_last_checkpoint(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:beyond_the_code_falls_back_case", timeout=TOTAL_TIMEOUT)

@@ -8,16 +8,18 @@ strategy's coordinator) it waits for the PS to come back, recovers it
 job is at: the iteration count, rebuilt with everything else, says how many
 steps are done (a step the failure cut and settlement undid is run again).
 An epoch cut in the middle is finished by a call of its remaining steps.
+With ``checkpoint_dir`` a loss beyond the code falls back to the last
+checkpoint (`tf_ecrec.pss.checkpoint`) instead of raising.
 The input is the user's: a `DatasetCreator` makes each worker's dataset
 again, so data is not replayed from a position (as after a worker failure
-under the strategy).  A failure the code cannot cover raises
-`RecoveryError`; restore from a checkpoint then (``BackupAndRestore``).
+under the strategy).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.pss.checkpoint import save
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult
 
 _LOG = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class FitResult:
     retries: int = 0
     steps: int = 0
     stale_settled: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    checkpoints: list[str] = dataclasses.field(default_factory=list)
 
 
 def fit(
@@ -56,6 +60,8 @@ def fit(
     on_resume: Callable[[], None] | None = None,
     timeout_secs: float = 300.0,
     max_failures: int = 20,
+    checkpoint_dir: str | None = None,
+    checkpoint_epochs: int = 1,
     **fit_kwargs: Any,
 ) -> FitResult:
     """Trains `epochs` x `steps_per_epoch` steps, recovering lost PS tasks from parity (see the module doc).
@@ -71,6 +77,11 @@ def fit(
       on_resume: called after each recovery attempt, before ``model.fit`` runs again.
       timeout_secs: how long to wait for a failed PS to come back.
       max_failures: failures tolerated in one call before giving up.
+      checkpoint_dir: where to write a checkpoint every `checkpoint_epochs`
+        epochs (`tf_ecrec.pss.checkpoint`; ``model.fit`` then runs one epoch
+        per call, and the checkpoint is written between calls, with no step in
+        flight); a loss beyond the code restores the last one instead of
+        raising (method "checkpoint", the steps since it rolled back).
       **fit_kwargs: more ``model.fit`` arguments (not ``initial_epoch``).
 
     Raises:
@@ -95,10 +106,14 @@ def fit(
         epoch, within = divmod(done, int(steps_per_epoch))
         settler = _StaleSettler(recovery, result)
         try:
-            if within:  # finish the epoch a failure cut
+            if within or checkpoint_dir:  # one epoch (finish the epoch a failure cut; checkpoint between epochs)
                 result.histories.append(model.fit(
                     x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
                     callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
+                if checkpoint_dir and (epoch + 1) % checkpoint_epochs == 0:
+                    settler.stop()
+                    step = int(model.optimizer.iterations.numpy())
+                    result.checkpoints.append(save(recovery, os.path.join(checkpoint_dir, f"ckpt-{step}")))
             else:
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
@@ -111,7 +126,7 @@ def fit(
             if result.retries > max_failures:
                 raise RecoveryError(f"{result.retries} failures in one fit; the last: {exc}; source: tf_ecrec.pss.fit") from exc
             _LOG.warning("a task failed during fit (%s); recovering", str(exc).splitlines()[0][:200])
-            recovered = recovery.recover(timeout_secs)
+            recovered = recovery.recover(timeout_secs, checkpoint=result.checkpoints[-1] if result.checkpoints else None)
             if recovered.lost:
                 result.recoveries.append(recovered)
                 if on_recovery is not None:

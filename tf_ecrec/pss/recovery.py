@@ -65,6 +65,7 @@ class PSSRecoveryResult:
     """What one recovery did."""
 
     lost: list[int]
+    method: str = "parity"
     step: int = 0
     settled: dict[str, int] = dataclasses.field(default_factory=dict)
     variables_rebuilt: int = 0
@@ -110,8 +111,13 @@ class PSSRecovery:
 
     # ---- the procedure ---------------------------------------------------------------------------
 
-    def recover(self, timeout_secs: float = 300.0) -> PSSRecoveryResult:
-        """Steps 1-6 of the module doc; returns what was done (no lost PS: nothing but the reconnect)."""
+    def recover(self, timeout_secs: float = 300.0, checkpoint: str | None = None) -> PSSRecoveryResult:
+        """Steps 1-6 of the module doc; returns what was done (no lost PS: nothing but the reconnect).
+
+        A loss beyond the code raises `RecoveryError`, or, given a `checkpoint`
+        written by `tf_ecrec.pss.checkpoint.save`, restores every variable from
+        it (method "checkpoint": the steps since it are rolled back).
+        """
         started = time.monotonic()
         self._reconnect(timeout_secs)
         reconnected = time.monotonic() - started
@@ -119,8 +125,14 @@ class PSSRecovery:
         result = PSSRecoveryResult(lost=lost, reconnect_seconds=reconnected)
         if not lost:
             return result
-        protector = self.optimizer.protector
-        self._check_recoverable(lost)
+        try:
+            self._check_recoverable(lost)
+        except RecoveryError:
+            if checkpoint is None:
+                raise
+            from tf_ecrec.pss.checkpoint import restore
+
+            return restore(self, lost, checkpoint, result, started)
         alive = [p for p in range(self.protection.num_ps) if p not in lost]
         # 3. refuse the steps of the traced step from now on (one still in flight on a worker), then settle
         #    what the failure cut, on the survivors (docs/settlement.md, invariant vi).
@@ -133,20 +145,24 @@ class PSSRecovery:
         # 5. rebuild them.
         stats = self._rebuild_tables(lost)
         self._rebuild_dense(replaced)
-        settle = self._reconciler()
-        settle.built.set_generation(settle, range(self.protection.num_ps), self.generation)
-        protector.bind(self.protection.collections, self.protection.num_ps, self.protection.ec, self.generation)
-        # 6. the next fit traces its step again.
-        self.model.train_function = None
-        self.model.test_function = None
-        self.model.predict_function = None
-        self._stale = None
+        self._resume()
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
         result.step = int(self.optimizer.iterations.numpy())
         result.seconds = time.monotonic() - started
         _LOG.warning("recovered PS %s from parity at step %d in %.1fs: %s", lost, result.step, result.seconds, result.settled)
         return result
+
+    def _resume(self) -> None:
+        """Every log at the new generation (a rebuilt PS's fresh one too), the step bound to it, retraced next."""
+        settle = self._reconciler()
+        settle.built.set_generation(settle, range(self.protection.num_ps), self.generation)
+        self.optimizer.protector.bind(self.protection.collections, self.protection.num_ps, self.protection.ec,
+                                      self.generation)
+        self.model.train_function = None  # 6. the next fit traces its step again
+        self.model.test_function = None
+        self.model.predict_function = None
+        self._stale = None
 
     def settle_stale(self, stale_secs: float = STALE_SECS) -> dict[str, int] | None:
         """Settles the steps a dead worker left (pending `stale_secs`, waiting on nothing), training going on.
