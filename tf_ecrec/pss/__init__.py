@@ -9,7 +9,7 @@ from tf_ecrec.pss.fit import FitResult, fit
 from tf_ecrec.pss.partitioner import ECPartitioner
 from tf_ecrec.pss.placement import PSPlacement
 from tf_ecrec.pss.protection import PSSProtection, current_protection, protect
-from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult
+from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
 
 def prepare_process() -> None:
@@ -28,5 +28,5 @@ def prepare_process() -> None:
 
 __all__ = [
     "ECPartitioner", "FitResult", "PSPlacement", "PSSProtection", "PSSRecovery", "PSSRecoveryResult",
-    "current_protection", "fit", "prepare_process", "protect",
+    "current_protection", "fit", "is_ps_failure", "prepare_process", "protect",
 ]

@@ -2,8 +2,9 @@
 
     history = tf_ecrec.pss.fit(model, dataset_creator, epochs=3, steps_per_epoch=500)
 
-It runs ``model.fit``; when a PS fails (``UnavailableError`` from the
-strategy's coordinator) it waits for the PS to come back, recovers it
+It runs ``model.fit``; when a PS fails (`tf_ecrec.pss.recovery.is_ps_failure`:
+``UnavailableError`` from the strategy's coordinator, or the ``AbortedError``
+of a PS already restarted) it waits for the PS to come back, recovers it
 (`tf_ecrec.pss.recovery`) and calls ``model.fit`` again from the step the
 job is at: the iteration count, rebuilt with everything else, says how many
 steps are done (a step the failure cut and settlement undid is run again).
@@ -29,7 +30,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.checkpoint import save
-from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult
+from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
 _LOG = logging.getLogger(__name__)
 
@@ -118,7 +119,9 @@ def fit(
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
                     callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
-        except tf.errors.UnavailableError as exc:
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+            if not is_ps_failure(exc):
+                raise
             settler.stop()
             if on_failure is not None:
                 on_failure(exc)

@@ -77,6 +77,18 @@ class PSSRecoveryResult:
         return dataclasses.asdict(self)
 
 
+def is_ps_failure(exc: BaseException) -> bool:
+    """Whether an error from ``model.fit`` or a coordinator's ``schedule``/``join`` means a task failed.
+
+    ``UnavailableError`` (a task down), or ``AbortedError`` naming an unknown
+    context: the PS died and was already restarted before any call saw it
+    down (the coordinator passes that one through as it is).
+    """
+    if isinstance(exc, tf.errors.UnavailableError):
+        return True
+    return isinstance(exc, tf.errors.AbortedError) and "context_id" in str(exc)
+
+
 def _read_int(variable: tf.Variable, default: int) -> int:
     """The variable's value; `default` if its PS is already gone (Keras' default for its bookkeeping)."""
     try:
