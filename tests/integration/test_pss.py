@@ -23,12 +23,19 @@ TOTAL_TIMEOUT = 420
 
 
 def _exit_with(case: Callable[[], None]) -> None:
-    """Runs `case` and leaves at once (the coordinator's threads would wait on the cluster); 1 on failure."""
+    """Runs `case` and leaves at once (the coordinator's threads would wait on the cluster); 1 on failure.
+
+    The traceback (and, on a crash, every thread's stack) goes to stdout: TensorFlow's teardown floods
+    the tail of stderr that the failing test shows.
+    """
+    import faulthandler
+
+    faulthandler.enable(file=sys.stdout, all_threads=True)
     code = 0
     try:
         case()
     except BaseException:
-        traceback.print_exc()
+        traceback.print_exc(file=sys.stdout)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

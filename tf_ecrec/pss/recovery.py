@@ -80,13 +80,15 @@ class PSSRecoveryResult:
 def is_ps_failure(exc: BaseException) -> bool:
     """Whether an error from ``model.fit`` or a coordinator's ``schedule``/``join`` means a task failed.
 
-    ``UnavailableError`` (a task down), or ``AbortedError`` naming an unknown
-    context: the PS died and was already restarted before any call saw it
-    down (the coordinator passes that one through as it is).
+    ``UnavailableError`` (a task down), or an ``AbortedError`` naming an
+    unknown context or another device incarnation: the PS died and was
+    already restarted before any call saw it down (the coordinator passes
+    those through as they are).
     """
     if isinstance(exc, tf.errors.UnavailableError):
         return True
-    return isinstance(exc, tf.errors.AbortedError) and "context_id" in str(exc)
+    message = str(exc)
+    return isinstance(exc, tf.errors.AbortedError) and ("context_id" in message or "device incarnation" in message)
 
 
 def _read_int(variable: tf.Variable, default: int) -> int:
