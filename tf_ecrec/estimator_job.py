@@ -59,7 +59,7 @@ import tensorflow as tf
 
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, ClusterSource, FileClusterSource
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.ec_config import ECConfig, default_code
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.model_dir import manifest_file
 
@@ -71,19 +71,6 @@ RECOVERY_FILE = "recovery.jsonl"
 _KEPT = ("model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "save_checkpoints_secs",
          "session_config", "keep_checkpoint_max", "keep_checkpoint_every_n_hours", "log_step_count_steps",
          "device_fn", "session_creation_timeout_secs", "checkpoint_save_graph_def")
-
-
-def default_code(num_ps: int) -> ECConfig:
-    """The code used when none is given: 1+1 on 2 PS, 2+1 on 3 or more (one PS loss survived).
-
-    2+1 rather than a wider k: the memory overhead is r/k, but a wider stripe
-    costs more per step (measured: 4+1 at 0.52x and 2+1 at 0.63x of
-    unprotected throughput on 5 PS, README "Benchmarks").
-    """
-    if num_ps < 2:
-        raise ConfigError(f"erasure-coded protection needs >= 2 PS tasks, the job has {num_ps}; "
-                          "source: TF_CONFIG ps job")
-    return ECConfig(1, 1) if num_ps == 2 else ECConfig(2, 1)
 
 
 def _raw_tf_config() -> dict[str, Any]:

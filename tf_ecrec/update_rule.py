@@ -67,6 +67,11 @@ def _number(optimizer: Any, attr: str, kind: RuleKind) -> float:
     )
 
 
+def _ftrl_hyper(lr: float, l1: float, l2: float, beta: float, l2_shrinkage: float, lr_power: float) -> dict[str, float]:
+    """Ftrl's kernel hyperparameters; beta is folded into l2 as TensorFlow's Ftrl optimizers fold it."""
+    return {"l1": l1, "l2": l2 + beta / (2.0 * lr), "l2_shrinkage": l2_shrinkage, "lr_power": lr_power}
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateRule:
     """An optimizer's update as the delta ops apply it.
@@ -117,13 +122,9 @@ class UpdateRule:
             return cls(kind, number("_lr"), (("Adam", 0.0), ("Adam_1", 0.0)), hyper)
         if kind == RuleKind.FTRL:
             lr = number("_learning_rate")
-            hyper = {
-                "l1": number("_l1_regularization_strength"),
-                # Ftrl folds beta into l2 the same way.
-                "l2": number("_l2_regularization_strength") + number("_beta") / (2.0 * lr),
-                "l2_shrinkage": number("_l2_shrinkage_regularization_strength"),
-                "lr_power": number("_learning_rate_power"),
-            }
+            hyper = _ftrl_hyper(lr, number("_l1_regularization_strength"), number("_l2_regularization_strength"),
+                                number("_beta"), number("_l2_shrinkage_regularization_strength"),
+                                number("_learning_rate_power"))
             return cls(kind, lr, (("Ftrl", number("_initial_accumulator_value")), ("Ftrl_1", 0.0)), hyper)
         name = optimizer.get_name()
         if kind == RuleKind.MOMENTUM:
@@ -203,12 +204,8 @@ class UpdateRule:
         if kind == RuleKind.ADAM:
             hyper = {"beta1": number("beta_1"), "beta2": number("beta_2"), "epsilon": number("epsilon")}
             return cls(kind, lr, (("m", 0.0), ("v", 0.0)), hyper)
-        hyper = {
-            "l1": number("l1_regularization_strength"),
-            "l2": number("l2_regularization_strength") + number("beta") / (2.0 * lr),
-            "l2_shrinkage": number("l2_shrinkage_regularization_strength"),
-            "lr_power": number("learning_rate_power"),
-        }
+        hyper = _ftrl_hyper(lr, number("l1_regularization_strength"), number("l2_regularization_strength"),
+                            number("beta"), number("l2_shrinkage_regularization_strength"), number("learning_rate_power"))
         return cls(kind, lr, (("accumulator", number("initial_accumulator_value")), ("linear", 0.0)), hyper)
 
     def apply(self, var: tf.Variable, slots: list[tf.Variable], values: tf.Tensor, indices: tf.Tensor,

@@ -14,6 +14,8 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 SERVER = """
@@ -108,3 +110,22 @@ def movable_resolver_class() -> type:
 
     return _Resolver
 
+
+def exit_with(case: Callable[[], None]) -> None:
+    """Runs `case` and leaves at once (the coordinator's threads would wait on the cluster); 1 on failure.
+
+    The traceback (and, on a crash, every thread's stack) goes to stdout: TensorFlow's teardown floods
+    the tail of stderr that the failing test shows.
+    """
+    import faulthandler
+
+    faulthandler.enable(file=sys.stdout, all_threads=True)
+    code = 0
+    try:
+        case()
+    except BaseException:
+        traceback.print_exc(file=sys.stdout)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -9,37 +9,14 @@ before the failure (read when no step was in flight), compared bit for bit.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from harness.pss_cluster import exit_with
 
 TOTAL_TIMEOUT = 420
-
-
-def _exit_with(case: Callable[[], None]) -> None:
-    """Runs `case` and leaves at once (the coordinator's threads would wait on the cluster); 1 on failure.
-
-    The traceback (and, on a crash, every thread's stack) goes to stdout: TensorFlow's teardown floods
-    the tail of stderr that the failing test shows.
-    """
-    import faulthandler
-
-    faulthandler.enable(file=sys.stdout, all_threads=True)
-    code = 0
-    try:
-        case()
-    except BaseException:
-        traceback.print_exc(file=sys.stdout)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _setup(num_ps: int = 3, num_workers: int = 2, ec: str = "2+1") -> tuple[Any, Any]:
@@ -152,7 +129,7 @@ def placement_and_parity_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 # ---- recovery -------------------------------------------------------------------------------------------
@@ -191,7 +168,7 @@ def rebuild_is_exact_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def kill_during_fit_case() -> None:
@@ -232,7 +209,7 @@ def kill_during_fit_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def worker_killed_during_fit_case() -> None:
@@ -268,7 +245,7 @@ def worker_killed_during_fit_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def coordinator_loop_case() -> None:
@@ -330,7 +307,7 @@ def coordinator_loop_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def beyond_the_code_case() -> None:
@@ -357,7 +334,7 @@ def beyond_the_code_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def beyond_the_code_falls_back_case() -> None:
@@ -398,7 +375,7 @@ def beyond_the_code_falls_back_case() -> None:
         finally:
             cluster.close()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def test_fit_places_by_the_layout_and_keeps_parity_exact(fresh_process: Any) -> None:

@@ -7,12 +7,12 @@ cluster, which no other test of this process may inherit.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable
+
+from harness.pss_cluster import exit_with
 
 SERVER = """
 import json, sys
@@ -28,19 +28,6 @@ def _port() -> int:
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         return sock.getsockname()[1]
-
-
-def _exit_with(case: Callable[[], None]) -> None:
-    """Runs `case`; leaves at once (the coordinator's threads would wait on the cluster), 1 on failure."""
-    code = 0
-    try:
-        case()
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _cluster(num_ps: int) -> tuple[dict[str, list[str]], dict[tuple[str, int], subprocess.Popen[str]], Callable[[str, int], None]]:
@@ -94,7 +81,7 @@ def placement_case() -> None:
             for proc in procs.values():
                 proc.kill()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def restart_case() -> None:
@@ -150,7 +137,7 @@ def restart_case() -> None:
             for proc in procs.values():
                 proc.kill()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def moved_case() -> None:
@@ -203,7 +190,7 @@ def moved_case() -> None:
             for proc in procs.values():
                 proc.kill()
 
-    _exit_with(case)
+    exit_with(case)
 
 
 def test_colocation_places_a_variable_and_its_keras_slots_on_the_chosen_ps(fresh_process):

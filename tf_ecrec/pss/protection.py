@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.ec_config import ECConfig, default_code
 from tf_ecrec.embedding import EmbeddingCollection
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.pss.placement import PSPlacement
@@ -86,7 +86,7 @@ def protect(strategy: Any, ec: ECConfig | str | None = None) -> PSSProtection:
             )
         return existing
     if ec is None:
-        ec = ECConfig(1, 1) if num_ps_of(strategy) < 3 else ECConfig(2, 1)
+        ec = default_code(num_ps_of(strategy))
     protection = PSSProtection(strategy, ec)
     _PROTECTIONS[strategy] = protection
     return protection
