@@ -140,16 +140,50 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         self.listener.inner.after_save(session, step)
 
     def _roll_back(self, checkpoint_step: int) -> None:
-        found = newest_shard_state(self.checkpoint_dir, self._dataset, checkpoint_step)
-        if found is None:
-            _LOG.error("The model was restored from the checkpoint of step %d, but no shard progress was saved at "
-                       "or before it; the records acknowledged since will not be trained again", checkpoint_step)
+        state_step = roll_back_shards(self._client, self._dataset, self.checkpoint_dir, checkpoint_step, "checkpoint")
+        if state_step is not None:
+            self.rollbacks.append((checkpoint_step, state_step))
+
+
+def roll_back_shards(client: MasterClient, dataset: str, checkpoint_dir: str, step: int, what: str) -> int | None:
+    """Restores to the master the newest shard state saved at or before `step` (the model was
+    restored from `what` of that step); returns the state's step, None if there was none."""
+    found = newest_shard_state(checkpoint_dir, dataset, step)
+    if found is None:
+        _LOG.error("The model was restored from the %s of step %d, but no shard progress was saved at "
+                   "or before it; the records acknowledged since will not be trained again", what, step)
+        return None
+    state_step, path = found
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        blob = handle.read()
+    client.restore_shard_checkpoint(dataset, blob)
+    log = _LOG.info if state_step == step else _LOG.warning
+    log("Model restored from the %s of step %d: shard progress of %r rolled back to the state saved "
+        "at step %d", what, step, dataset, state_step)
+    return state_step
+
+
+class FlashRollbackHook(tf.compat.v1.train.SessionRunHook):
+    """The chief's hook that rolls the master's shard progress back with a flash checkpoint restore.
+
+    The flash checkpoint's rounds save the shard progress (a `ShardCheckpointListener` called
+    while the trainers are parked, before the capture, so it never counts a record the snapshot
+    does not hold); when a session's creation restored a snapshot of step G (`restored_step`
+    says so, once), the newest progress saved at or before G goes back to the master.
+    """
+
+    def __init__(self, client: MasterClient, dataset: str, checkpoint_dir: str,
+                 restored_step: Callable[[], int | None]) -> None:
+        self._client = client
+        self._dataset = dataset
+        self._dir = checkpoint_dir
+        self._restored_step = restored_step
+        self.rollbacks: list[tuple[int, int]] = []  # (snapshot step, shard state step)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        step = self._restored_step()
+        if step is None:
             return
-        state_step, path = found
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            blob = handle.read()
-        self._client.restore_shard_checkpoint(self._dataset, blob)
-        self.rollbacks.append((checkpoint_step, state_step))
-        log = _LOG.info if state_step == checkpoint_step else _LOG.warning
-        log("Model restored from the checkpoint of step %d: shard progress of %r rolled back to the state saved "
-            "at step %d", checkpoint_step, self._dataset, state_step)
+        state_step = roll_back_shards(self._client, self._dataset, self._dir, step, "flash checkpoint")
+        if state_step is not None:
+            self.rollbacks.append((step, state_step))

@@ -67,6 +67,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--checkpoint-steps", type=int, default=None, help="checkpoint every N global steps")
     g.add_argument("--checkpoint-secs", type=float, default=None, help="checkpoint every S seconds")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--flash-checkpoint-steps", type=int, default=None,
+                   help="with ecrec: snapshot every PS into shared memory every N global steps (tf_ecrec.flash)")
+    g.add_argument("--flash-checkpoint-secs", type=float, default=None, help="the same every S seconds")
     p.add_argument(
         "--kill",
         action="append",
@@ -171,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
         storage=args.storage,
         checkpoint_steps=args.checkpoint_steps,
         checkpoint_secs=args.checkpoint_secs,
+        flash_checkpoint_steps=args.flash_checkpoint_steps,
+        flash_checkpoint_secs=args.flash_checkpoint_secs,
         kills=parse_kills(args.kill),
         report=args.report,
         optimizer=args.optimizer,

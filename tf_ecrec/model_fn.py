@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -28,6 +28,9 @@ from tf_ecrec.device import layout_placement, local_storage
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import ECContext, collections, set_context
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.flash.config import FlashConfig
+from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_index
+from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
@@ -40,7 +43,8 @@ ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 
 def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
                 rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES, rebuild_share: float = 1.0,
-                num_ps: int | None = None) -> ModelFn:
+                num_ps: int | None = None, flash: FlashConfig | None = None,
+                flash_listeners: Sequence[Any] = ()) -> ModelFn:
     """Wraps `model_fn` so its tables and optimizer are protected by `ec`.
 
     In training mode the wrapper also owns the EstimatorSpec's Scaffold
@@ -50,6 +54,11 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     `rebuild_slice_bytes` is the bytes of a lost chunk a rebuild moves per
     session call (`tf_ecrec.rebuild`); `rebuild_share` the fraction of the
     time a background rebuild walks its slices (`RecoveryPlan`).
+    `flash` turns flash checkpoints on (`tf_ecrec.flash`): every PS's variables
+    copied into shared memory at one global step, restored before any disk
+    checkpoint when more PS are lost than the code covers; `flash_listeners`
+    (`CheckpointSaverListener`s) are called with every snapshot on the chief
+    (`tf_ecrec.flash.hooks.FlashCheckpointHook`).
     `num_ps` is the training cluster's PS count for a task whose RunConfig
     has none: an evaluator (TensorFlow gives it an empty cluster) builds the
     tables with the training layout so the checkpoint's variables match.
@@ -81,13 +90,30 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir,
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
+            chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
+            hooks = list(spec.training_hooks)
+            if flash is not None:
+                chief_hooks, hooks = _with_flash(flash, plan, optimizer, config, num_ps, chief_hooks, hooks, flash_listeners)
             spec = spec._replace(
                 scaffold=scaffold_for(plan, spec.scaffold, chief=bool(config.is_chief), config=config),
-                training_chief_hooks=list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)],
+                training_chief_hooks=chief_hooks,
+                training_hooks=hooks,
             )
         return spec
 
     return wrapped
+
+
+def _with_flash(flash: FlashConfig, plan: RecoveryPlan, opt: ECOptimizer, config: Any, num_ps: int,
+                chief_hooks: list[Any], hooks: list[Any], listeners: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The flash checkpoint's ops (the plan restores from them) and hooks: rounds on the chief, the gate elsewhere."""
+    trainer, trainers = trainer_index(config)
+    snapshots = FlashSnapshots(flash, config.model_dir, opt.logs, num_ps, trainers)
+    plan.flash = snapshots
+    if config.is_chief:
+        busy = lambda: plan.job is not None and not plan.job.finished  # noqa: E731 - no round during a rebuild
+        return chief_hooks + [FlashCheckpointHook(snapshots, plan.reconciler.exclusive, busy, trainer, listeners)], hooks
+    return chief_hooks, hooks + [FlashGateHook(snapshots, trainer)]
 
 
 def _generation() -> int:

@@ -19,11 +19,12 @@ waiting behind another); `Reconciler.settle_left_behind` for those pending when 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,12 @@ class Reconciler:
                         )
 
     # ---- entry points ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Holds off every settlement of this process meanwhile (a flash checkpoint's capture)."""
+        with self._lock:
+            yield
 
     def reconcile(self, sess: tf.compat.v1.Session, alive: Iterable[int], lost: Iterable[int] = ()) -> dict[str, int]:
         """Settles every pending step on the surviving PS tasks; returns counts by action."""

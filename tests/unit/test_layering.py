@@ -61,6 +61,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.verify": 2,
     "tf_ecrec.live_cluster": 2,
     "tf_ecrec.pss": 2,
+    "tf_ecrec.flash": 2,
     # 3 coordination: membership backends (3.0), then the job master (3.5), which may use them.
     "tf_ecrec.membership": 3,
     "tf_ecrec.master": 3.5,

@@ -84,6 +84,7 @@ class MasterConnection:
         self._rejoin_lock = threading.Lock()
         self._rollback: Any = None
         self._recovery_method: str | None = None  # of the last erasure-coded session creation
+        self._flash_step: int | None = None  # the step of a flash checkpoint that session restored
 
     # ---- membership -------------------------------------------------------------------
 
@@ -204,6 +205,10 @@ class MasterConnection:
 
         hooks: list[Any] = [ShardProgressHook(self.client, self.data.tracker, records=consumed),
                             StopRequestHook(self.stop_requested)]
+        if self.cluster.is_chief and self.job.flash is not None:
+            from tf_ecrec.hooks.shard_rollback import FlashRollbackHook
+
+            hooks.append(FlashRollbackHook(self.client, DATASET, self.job.model_dir, self._restored_flash))
         if self.cluster.is_chief and self._saves_checkpoints():
             from tf_ecrec.hooks.shard_rollback import ShardRollbackHook
 
@@ -218,6 +223,7 @@ class MasterConnection:
         def listener(result: Any) -> None:
             if result.method not in ("rebuilt", "settled"):  # those come from background threads, not a session's creation
                 self._recovery_method = result.method
+                self._flash_step = result.global_step if result.method in ("memory", "disk") else None
             inner(result)
 
         return listener
@@ -226,6 +232,17 @@ class MasterConnection:
         # tf_ecrec.recovery reads the checkpoint only for method "checkpoint" (too many PS lost, or all of them).
         method, self._recovery_method = self._recovery_method, None
         return method == "checkpoint"
+
+    def _restored_flash(self) -> int | None:
+        # The step of the flash checkpoint the last session creation restored, once.
+        step, self._flash_step = self._flash_step, None
+        return step
+
+    def flash_listeners(self) -> list[Any]:
+        """The chief's flash checkpoint listeners: the shard progress saved with every snapshot."""
+        from tf_ecrec.hooks.shard_progress import ShardCheckpointListener
+
+        return [ShardCheckpointListener(self.client, DATASET, self.job.model_dir)] if self.cluster.is_chief else []
 
     def saving_listeners(self) -> list[Any]:
         """The chief's checkpoint listeners (shard progress saved with every checkpoint); call after `hooks`."""

@@ -13,6 +13,7 @@ import re
 from typing import Any, TypeVar
 
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.launcher import intervals
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
 from tf_ecrec.launcher.kill_spec import KillSpec
 
@@ -102,6 +103,8 @@ class JobSpec:
     fault_tolerance: FaultTolerance = FaultTolerance.CHECKPOINT
     checkpoint_steps: int | None = None
     checkpoint_secs: float | None = None
+    flash_checkpoint_steps: int | None = None
+    flash_checkpoint_secs: float | None = None
     ec: str = "2+1"
     storage: Storage | None = None
     kills: tuple[KillSpec, ...] = ()
@@ -172,18 +175,7 @@ class JobSpec:
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
         _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
-        _check(self.checkpoint_steps is None or self.checkpoint_secs is None,
-               "--checkpoint-steps and --checkpoint-secs were both given; choose one interval",
-               "--checkpoint-steps/--checkpoint-secs")
-        if self.fault_tolerance is FaultTolerance.NONE and (self.checkpoint_steps or self.checkpoint_secs):
-            raise ConfigError(
-                "a checkpoint interval was given with --fault-tolerance none; intervals apply to checkpoint "
-                "(the only protection) and ecrec (the fallback beyond r lost PS); source: --checkpoint-steps/--checkpoint-secs"
-            )
-        if self.checkpoint_steps is not None:
-            _check(self.checkpoint_steps >= 1, f"--checkpoint-steps {self.checkpoint_steps} must be >= 1", "--checkpoint-steps")
-        if self.checkpoint_secs is not None:
-            _check(self.checkpoint_secs > 0, f"--checkpoint-secs {self.checkpoint_secs} must be > 0", "--checkpoint-secs")
+        intervals.validate(self)
         _check(
             not (self.fault_tolerance is FaultTolerance.ECREC and self.storage is Storage.PARTITIONED),
             "--storage partitioned with --fault-tolerance ecrec: ecrec protects the collection storage only",
@@ -329,14 +321,12 @@ class JobSpec:
     @property
     def checkpoint_interval(self) -> dict[str, Any]:
         """RunConfig's checkpoint arguments for this job."""
-        if self.checkpoint_secs is not None:
-            return {"save_checkpoints_secs": self.checkpoint_secs, "save_checkpoints_steps": None}
-        if self.checkpoint_steps is not None:
-            return {"save_checkpoints_steps": self.checkpoint_steps, "save_checkpoints_secs": None}
-        if self.fault_tolerance is FaultTolerance.CHECKPOINT:
-            return {"save_checkpoints_steps": 1000, "save_checkpoints_secs": None}
-        # ecrec without an interval: no checkpoints, so no fallback beyond r lost PS.
-        return {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
+        return intervals.checkpoint_interval(self)
+
+    @property
+    def flash(self) -> Any:
+        """The job's `tf_ecrec.flash.config.FlashConfig`, or None without a flash checkpoint interval."""
+        return intervals.flash_config(self)
 
     @property
     def uses_master(self) -> bool:

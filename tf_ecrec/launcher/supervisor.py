@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ from typing import Any, TextIO
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
+from tf_ecrec.flash.config import shm_root
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.console import Console, progress_line, summary
 from tf_ecrec.launcher.events import EventKind
@@ -145,6 +147,8 @@ class Supervisor:
             raise
         finally:
             self._stop_all()
+            if job.flash is not None:  # the job's snapshots in shared memory outlive PS tasks, not the job
+                shutil.rmtree(shm_root(job.flash, job.model_dir), ignore_errors=True)
             self._receiver.close()
             signal.signal(signal.SIGTERM, previous)
         report = self._run.record.report(job, digest, data_state)

@@ -87,7 +87,7 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
             sender.send(StatusKind.REBUILDING, lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
                         phases=result.phases)
-        elif result.method in ("parity", "checkpoint", "rebuilt"):
+        elif result.method in ("parity", "checkpoint", "memory", "disk", "rebuilt"):
             sender.send(
                 StatusKind.RECOVERED,
                 method="parity" if result.method == "rebuilt" else result.method,
@@ -168,7 +168,8 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
             recovery = master.recovery_listener(recovery)
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
-                               rebuild_share=job.rebuild_share)
+                               rebuild_share=job.rebuild_share, flash=job.flash,
+                               flash_listeners=master.flash_listeners() if master is not None else ())
     else:
         from tf_ecrec.recovery.deadline_session import long_deadline_model_fn
 
@@ -284,7 +285,10 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
     master = MasterConnection.connect(job, cluster)  # None without a job master
     if cluster.task_type == "ps":
         _LOG.info("%s serving at %s", cluster.task, cluster.address)
-        server.join()
+        if job.flash is None:
+            server.join()
+        else:
+            serve_persisting(job, cluster.task_index)
         return
     if master is None:
         train(job, cluster)
@@ -295,6 +299,24 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         master.leave()
     finally:
         master.close()
+
+
+def serve_persisting(job: JobSpec, ps: int) -> None:
+    """A PS of a job with flash checkpoints: serves until SIGTERM, then persists its newest snapshot
+    in shared memory to the model dir (`tf_ecrec.flash.persist`) and exits."""
+    import signal
+    import time
+
+    from tf_ecrec.flash.persist import persist_newest
+
+    def on_term(signum: int, frame: Any) -> None:
+        manifest = persist_newest(job.flash, job.model_dir, ps)
+        _LOG.warning("SIGTERM: flash checkpoint %s persisted", f"of step {manifest.global_step}" if manifest else "not")
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    while True:  # the server runs on its own threads; the main thread waits here so the handler can run
+        time.sleep(1.0)
 
 
 def stand_by(job: JobSpec, address: str, num_ps: int) -> None:

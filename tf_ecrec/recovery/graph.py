@@ -8,12 +8,15 @@ most `INIT_BATCH_BYTES` (`initialiser_batches`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from tf_ecrec.device import check_placed, on_ps, ps_device
+from tf_ecrec.embedding import device_task
 
 INIT_BATCH_BYTES = 256 << 20
 """Bytes of variables initialised per session call at a fresh start: a PS computes initial values for at
@@ -62,3 +65,30 @@ def whole_marker(task: int) -> tf.Variable:
         )
     check_placed(marker, task, "the whole-state marker of a PS")
     return marker
+
+
+def protected_names(opt: Any, colls: Sequence[Any]) -> set[str]:
+    """Names of every variable parity or a replica covers, and of those parity and replica variables."""
+    names = set()
+    for coll in colls:
+        for _p, var in coll.data.items():
+            names.add(var.op.name)
+            names.update(s.op.name for s in opt.slots_of(var))
+        names.update(v.op.name for v in opt.parity[coll.name].values())
+    for name, reps in opt.replicas.items():
+        names.add(name)
+        names.update(r.op.name for r in reps)
+        names.update(s.op.name for s in opt.slots_of(opt.protected[name]))
+    return names
+
+
+def replica_tasks(opt: Any) -> dict[str, list[int]]:
+    """Replicated variable name -> the PS tasks of its primary and of each replica."""
+    return {name: [device_task(c.device) for c in [opt.protected[name], *reps]] for name, reps in opt.replicas.items()}
+
+
+def checkpoint_step(model_dir: str | None) -> int:
+    """The global step of the newest checkpoint in `model_dir` (-1 without one)."""
+    path = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    match = re.search(r"-(\d+)$", path or "")
+    return int(match.group(1)) if match else -1

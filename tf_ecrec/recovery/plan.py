@@ -57,7 +57,7 @@ from tf_ecrec.rebuild.background import BackgroundRebuild
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES, Rebuilder
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
 from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
-from tf_ecrec.recovery.graph import initialiser_batches, whole_marker
+from tf_ecrec.recovery.graph import checkpoint_step, initialiser_batches, protected_names, replica_tasks, whole_marker
 from tf_ecrec.recovery.result import Listener, Phases, RecoveryMethod, RecoveryResult
 from tf_ecrec.steplog import Reconciler, SettleReport
 
@@ -112,6 +112,7 @@ class RecoveryPlan:
         self._job_done: Callable[[BackgroundRebuild], None] | None = None
         self._job_lock = threading.Lock()
         self._marker = os.path.join(model_dir, STARTED_MARKER) if model_dir else None
+        self._model_dir = model_dir
         self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
         self._listener = listener
         self._graph = tf.compat.v1.get_default_graph()
@@ -132,7 +133,8 @@ class RecoveryPlan:
         self.reconciler = Reconciler(
             optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
         )
-        self.protected_names = self._protected_names()
+        self.protected_names = protected_names(optimizer, self._colls)
+        self.flash: Any = None  # tf_ecrec.flash.FlashSnapshots (ec_model_fn): restores prefer its newer snapshots
 
     def _initialise(self, sess: tf.compat.v1.Session) -> None:
         """A fresh start: data, slots, dense primaries and other variables initialised in bounded batches,
@@ -169,13 +171,28 @@ class RecoveryPlan:
         # A PS still being rebuilt holds rows that are not there yet: it is rebuilt again with
         # the lost ones (from the survivors' state now), though its log is alive and settled.
         rebuilt = sorted(set(lost) | set(degraded))
+        everything = len(model_missing) == len(self._model_variables)
+        unrecoverable = self._unrecoverable(model_missing, rebuilt) if missing else None
+        # A flash snapshot is looked for only when a restore may be needed (it reads every PS's manifests).
+        flash = self.flash.choose(sess) if self.flash is not None and (everything or unrecoverable) else None
         action = decide(
             missing=bool(missing),
-            everything=len(model_missing) == len(self._model_variables),
+            everything=everything,
             job_started=None if self._marker is None or not missing else tf.io.gfile.exists(self._marker),
-            checkpoint=restore is not None,
-            unrecoverable=self._unrecoverable(model_missing, rebuilt) if missing else None,
+            checkpoint=restore is not None or flash is not None,
+            unrecoverable=unrecoverable,
         )
+        if action in (Action.RESTORE, Action.FALLBACK) and flash is not None and (
+                restore is None or flash.global_step >= checkpoint_step(self._model_dir)):
+            self.flash.restore(sess, flash, options=self._long)
+            self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
+            laps.lap("restore")
+            self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
+            self._mark_whole(sess, self.whole_markers if action is Action.RESTORE else lost)
+            laps.lap("mark")
+            result = RecoveryResult(RecoveryMethod(flash.method), lost, sum(len(n) for n in self.flash.names.values()),
+                                    sum(self.flash.bytes.values()))
+            return self._done(result, started, sess, laps)
         if action is Action.SETTLE:
             # Nothing was lost, but a task (the previous chief, say) may have died
             # mid-step: settle what it left in the logs.
@@ -325,6 +342,8 @@ class RecoveryPlan:
     def _mark_whole(self, sess: tf.compat.v1.Session, tasks: Any) -> None:
         """Initialises the markers of `tasks` (the last write of a recovery: then workers may step)."""
         ops = [self._init_whole[p] for p in tasks if p in self._init_whole]
+        if ops and self.flash is not None:  # trainers read the flash gate with every step
+            self.flash.init_gate(sess)
         if ops:
             sess.run(ops, options=self._long)
 
@@ -336,7 +355,7 @@ class RecoveryPlan:
             laps.lap("read_step")
             result.phases = dict(laps.seconds)
         result.seconds = time.time() - started
-        if result.method in ("parity", "checkpoint"):
+        if result.method in ("parity", "checkpoint", "memory", "disk"):
             _LOG.warning(
                 "recovery: method=%s lost_ps=%s variables=%d bytes=%d seconds=%.3f global_step=%s phases=%s",
                 result.method, result.lost_ps, result.variables_rebuilt, result.bytes_rebuilt,
@@ -370,27 +389,9 @@ class RecoveryPlan:
         if self._listener is not None:
             self._listener(result)
 
-    # ---- what can be rebuilt ---------------------------------------------------------------------------
-
-    def _protected_names(self) -> set[str]:
-        opt = self._opt
-        names = set()
-        for coll in self._colls:
-            for _p, var in coll.data.items():
-                names.add(var.op.name)
-                names.update(s.op.name for s in opt.slots_of(var))
-            names.update(v.op.name for v in opt.parity[coll.name].values())
-        for name, reps in opt.replicas.items():
-            names.add(name)
-            names.update(r.op.name for r in reps)
-            names.update(s.op.name for s in opt.slots_of(opt.protected[name]))
-        return names
-
     def _unrecoverable(self, missing: Sequence[tf.Variable], lost: Sequence[int]) -> str | None:
-        opt = self._opt
-        copies = {name: [device_task(c.device) for c in [opt.protected[name], *reps]] for name, reps in opt.replicas.items()}
         return unrecoverable_reason([v.op.name for v in missing], self.protected_names, lost,
-                                    {c.name: c.layout for c in self._colls}, copies)
+                                    {c.name: c.layout for c in self._colls}, replica_tasks(self._opt))
 
     def _reencode(self, sess: tf.compat.v1.Session) -> None:
         """Re-encodes every parity and replica from the data (after a checkpoint restore)."""

@@ -17,6 +17,8 @@ class RecoveryMethod(str, enum.Enum):
     INIT = "init"  # a fresh start: everything initialised
     PARITY = "parity"  # lost PS rebuilt from parity and replicas
     CHECKPOINT = "checkpoint"  # every variable restored from the checkpoint, parity re-encoded
+    MEMORY = "memory"  # every variable restored from a flash checkpoint in shared memory (tf_ecrec.flash)
+    DISK = "disk"  # the same from a flash checkpoint persisted in the model dir
     SETTLED = "settled"  # the background settlement of a dead task's steps
     REBUILT = "rebuilt"  # the end of a background rebuild: `lost_ps` whole again
 

@@ -1,0 +1,194 @@
+"""The trainers' side of flash checkpoints: the chief's round driver and the other trainers' gate.
+
+`FlashCheckpointHook` (chief) starts a round when one is due (`FlashConfig.due`), right after one
+of its own steps: it raises the gate, waits for the other trainers to park (at most
+``park_secs``), captures under the reconciler's lock (no settlement writes meanwhile), releases
+the gate and leaves the writing to a thread.  A round is skipped, and tried again at the next
+step, while a background rebuild runs (rows not yet rebuilt read as zeros), while the previous
+round's files are still being written, or when the capture saw a step in flight.
+
+`FlashGateHook` (every other trainer) fetches the gate with each step (one more read in the same
+call, no extra round trip); when a round was requested it records itself parked after its step
+and waits for the release, at most ``wait_secs`` (then it goes on: the capture's own check keeps
+a late trainer from spoiling a snapshot, it only gets the round skipped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_ecrec.flash.config import SLOTS, Tier
+from tf_ecrec.flash.snapshots import FlashSnapshots
+
+_LOG = logging.getLogger(__name__)
+POLL_SECS = 0.002
+
+
+def trainer_index(config: Any) -> tuple[int, int]:
+    """(this task's index among the trainers, how many there are) from a RunConfig: the chief is 0,
+    worker i is 1 + i (a cluster whose worker 0 is the chief counts it once)."""
+    cluster = config.cluster_spec.as_dict() if config.cluster_spec else {}
+    workers = len(cluster.get("worker", []))
+    has_chief = bool(cluster.get("chief"))
+    total = workers + (1 if has_chief else 0)
+    if config.task_type == "chief" or (not has_chief and config.is_chief):
+        return 0, max(total, 1)
+    return int(config.task_id) + (1 if has_chief else 0), max(total, 1)
+
+
+class FlashGateHook(tf.compat.v1.train.SessionRunHook):
+    """A non-chief trainer's part of a round: park at a step boundary while the chief captures."""
+
+    def __init__(self, snapshots: FlashSnapshots, trainer: int, wait_secs: float = 30.0) -> None:
+        self._snap = snapshots
+        self._trainer = int(trainer)
+        self._wait = float(wait_secs)
+        self._parked_at = 0
+        self.parks = 0
+
+    def before_run(self, run_context: Any) -> Any:
+        return tf.compat.v1.train.SessionRunArgs(self._snap.gate_value)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        requested, released = (int(x) for x in run_values.results)
+        if requested <= released or requested <= self._parked_at:
+            return
+        sess = run_context.session
+        self._parked_at = requested
+        self._snap.park(sess, self._trainer, requested)
+        self.parks += 1
+        deadline = time.monotonic() + self._wait
+        while self._snap.gate(sess)[1] < requested and time.monotonic() < deadline:
+            time.sleep(POLL_SECS)
+
+
+class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
+    """The chief's flash checkpoint rounds (see the module docstring).
+
+    Args:
+      snapshots: the graph's `FlashSnapshots`.
+      lock: a context manager factory held around the capture (the reconciler's `exclusive`).
+      busy: whether a background rebuild is under way (no round then).
+      trainer: the chief's trainer index (0).
+      listeners: `CheckpointSaverListener`s: ``before_save`` runs while the trainers are parked,
+        before the capture (what it records, e.g. the data's progress, is then never ahead of
+        the snapshot), ``after_save`` with the snapshot's global step once it is complete.
+    """
+
+    def __init__(self, snapshots: FlashSnapshots, lock: Callable[[], Any], busy: Callable[[], bool],
+                 trainer: int = 0, listeners: Sequence[Any] = ()) -> None:
+        self._snap = snapshots
+        self._config = snapshots.config
+        self._lock = lock
+        self._busy = busy
+        self._trainer = trainer
+        self._listeners = list(listeners)
+        self._step = tf.compat.v1.train.get_global_step()
+        self._writer: threading.Thread | None = None
+        self._slot: int | None = None
+        self._last_step = 0
+        self._last_time = time.monotonic()
+        self._epoch = 0
+        self.rounds = 0
+        self.skipped = 0
+        self.pauses: list[float] = []  # seconds each capture paused training (request to release)
+        self.snapshots: list[tuple[int, int]] = []  # (epoch, global step) complete in memory
+        self.write_seconds: list[float] = []
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._join_writer()
+        requested, released = self._snap.gate(session)
+        if requested > released:  # a round a previous chief left open: let the parked trainers go
+            self._snap.release(session, requested)
+        self._epoch = max(self._epoch, requested)
+        self._last_step = int(session.run(self._step))
+        self._last_time = time.monotonic()
+        self._slot = None
+
+    def before_run(self, run_context: Any) -> Any:
+        return tf.compat.v1.train.SessionRunArgs(self._step)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        step = int(run_values.results)
+        if not self._config.due(step, self._last_step, time.monotonic(), self._last_time):
+            return
+        if (self._writer is not None and self._writer.is_alive()) or self._busy():
+            return
+        self.round(run_context.session)
+
+    def end(self, session: Any) -> None:
+        self._join_writer()
+
+    def _join_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.join(timeout=600.0)
+            self._writer = None
+
+    def round(self, sess: Any) -> int | None:
+        """One round now; returns the captured global step, or None if the capture was dropped."""
+        self._epoch = max(int(time.time() * 1000), self._epoch + 1)
+        epoch = self._epoch
+        if self._slot is None:
+            self._slot = self._free_slot(sess)
+        started = time.perf_counter()
+        self._snap.request(sess, epoch)
+        others = [i for i in range(self._snap.num_trainers) if i != self._trainer]
+        deadline = time.monotonic() + self._config.park_secs
+        while others:
+            parked = self._snap.parked(sess)
+            if all(parked[i] >= epoch for i in others) or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECS)
+        try:
+            for listener in self._listeners:
+                listener.before_save(sess, self._last_step)
+            with self._lock():
+                step = self._snap.capture(sess)
+        finally:
+            self._snap.release(sess, epoch)
+        self.pauses.append(time.perf_counter() - started)
+        self.rounds += 1
+        self._last_time = time.monotonic()
+        if step is None:
+            self.skipped += 1
+            _LOG.info("flash checkpoint round %d skipped: a step was in flight", epoch)
+            return None
+        self._last_step = step
+        slot = self._slot
+        self._slot = (slot + 1) % SLOTS
+        tiers = list(self._snap.tiers())
+        persist = self._config.persist_every
+        if persist and (self.rounds - self.skipped) % persist == 0:
+            tiers.append(Tier.DISK)
+        self._writer = threading.Thread(target=self._write, args=(sess, epoch, step, slot, tiers),
+                                        name="ec-flash-writer", daemon=True)
+        self._writer.start()
+        return step
+
+    def _write(self, sess: Any, epoch: int, step: int, slot: int, tiers: list[Tier]) -> None:
+        started = time.perf_counter()
+        try:
+            self._snap.write(sess, epoch, step, slot, tiers)
+        except (tf.errors.OpError, RuntimeError) as exc:  # a PS lost or the session closed mid-write
+            _LOG.warning("flash checkpoint of step %d not written: %s", step, str(exc).splitlines()[0])
+            return
+        self.write_seconds.append(time.perf_counter() - started)
+        self.snapshots.append((epoch, step))
+        _LOG.info("flash checkpoint of step %d in %s (%.2f s)", step, "+".join(t.value for t in tiers),
+                  time.perf_counter() - started)
+        for listener in self._listeners:
+            listener.after_save(sess, step)
+
+    def _free_slot(self, sess: Any) -> int:
+        """The slot that does not hold PS 0's newest own copy (a restarted chief keeps the newest)."""
+        own = [c for c in self._snap.find(sess) if c.tier is Tier.OWN and c.ps == 0]
+        if not own:
+            return 0
+        newest = max(own, key=lambda c: c.manifest.epoch)
+        return (newest.slot + 1) % SLOTS
