@@ -90,7 +90,8 @@ class Rig:
     """The graph of one sequence: model, optimizer, recovery plan, and per-PS destroy ops."""
 
     def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None,
-                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False) -> None:
+                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
+                 flash_dir: str | None = None) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -120,6 +121,14 @@ class Rig:
                 self.plan.reconciler = reconciler_cls(
                     self.opt.targets, self.opt.logs, self.opt.expected_folds, commit_timeout_ms=0
                 )
+            self.flash = None
+            if flash_dir is not None:  # flash checkpoints (tests/harness/flash_schedule.py drives them)
+                from tf_ecrec.flash.config import FlashConfig
+                from tf_ecrec.flash.snapshots import FlashSnapshots
+
+                self.flash = FlashSnapshots(FlashConfig(every_steps=1, shm_dir=flash_dir + "/shm"), flash_dir + "/model",
+                                            self.opt.logs, num_ps, num_trainers=1)
+                self.plan.flash = self.flash
             markers = tf.compat.v1.get_collection(WHOLE_MARKERS)  # a PS's "state is whole" markers
             self.init = tf.group(tf.compat.v1.global_variables_initializer(), *[m.initializer for m in markers])
             self.variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
@@ -129,6 +138,8 @@ class Rig:
                     tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True)
                     for v in [*self.variables.values(), *markers] if device_task(v.device) == p
                 ]
+                if self.flash is not None:  # the shadows (and PS 0's gate) live in the PS process too
+                    ops += [tf.raw_ops.DestroyResourceOp(resource=h, ignore_lookup_error=True) for h in self.flash.resources(p)]
                 with tf.device(self.opt.logs[p].device):
                     ops.append(tf.raw_ops.DestroyResourceOp(resource=self.opt.logs[p], ignore_lookup_error=True))
                 self.destroy[p] = tf.group(*ops)
@@ -199,6 +210,7 @@ class _Step:
     feed: dict
     actions: list[tuple[str, Any]]
     results: dict = dataclasses.field(default_factory=dict)
+    wrote: bool = False  # an apply, fold or count of it took effect (its entries are in a log until settled)
 
 
 @dataclasses.dataclass
@@ -246,11 +258,13 @@ class Sequence:
 
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
-                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False) -> None:
+                 background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
+                 flash_dir: str | None = None) -> None:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.target = target
-        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls)
+        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir)
+        self.unsettled: set[int] = set()  # steps that wrote and ended without committing, not settled yet
         self.ticks = ticks
         # `atomic`: one worker that is never killed (one writer at a time), and the oracle also checks
         # that every cut step is undone or kept whole (docs/settlement.md, "Steps whole").
@@ -359,7 +373,7 @@ class Sequence:
             out = self._run_action(fetch, feed, lookups=kind == "apply")
         except tf.errors.DeadlineExceededError:
             self.stats.violations.append(f"seed {self.seed}: {kind} {arg} of a step hung")
-            worker.step = None
+            self._abandon(worker)
             return
         except tf.errors.AbortedError as exc:
             if "cannot commit yet" in exc.message:
@@ -369,7 +383,7 @@ class Sequence:
                 step.actions = r1[1:] + r1[:1] + [a for a in step.actions if a[0] != "round1"]
                 return
             self.stats.steps_failed += 1
-            worker.step = None
+            self._abandon(worker)
             if worker.zombie:  # refused: the trainer notices and rebuilds on the current cluster
                 self.stats.zombie_writes_refused += 1
                 worker.zombie = False
@@ -380,6 +394,7 @@ class Sequence:
         if kind == "apply":
             step.results[arg] = out
             self.oracle.applied(arg, out[0], out[1], step.sid)
+        step.wrote = step.wrote or kind in ("apply", "fold", "count")
         step.actions.pop(0)
         if not step.actions:
             self.ok.add(step.sid)
@@ -427,8 +442,22 @@ class Sequence:
         while self._job() is not None:
             self._install_slice()
 
+    def _abandon(self, worker: _Worker) -> None:
+        """The worker's step ends without committing (failed, hung or its worker died)."""
+        if worker.step is not None and worker.step.wrote:
+            self.unsettled.add(worker.step.sid)
+        worker.step = None
+
+    def _settled_all(self) -> None:
+        """Every pending step was settled (fenced, undone or finished, committed): none writes again."""
+        self.unsettled.clear()
+        for w in self.workers:
+            if w.step is not None:
+                w.step.wrote = False
+
     def _kill_worker(self) -> None:
         i = int(self.rng.integers(len(self.workers)))
+        self._abandon(self.workers[i])
         self.workers[i] = _Worker(self.next_wid, self.generation)
         self.next_wid += 1
         self.stats.worker_kills += 1
@@ -446,7 +475,7 @@ class Sequence:
                     self._settle_dead()  # blocked behind a dead step
         for w in self.workers:
             if w.zombie:
-                w.step = None
+                self._abandon(w)
 
     # ---- the chief ---------------------------------------------------------------------------
 
@@ -457,6 +486,7 @@ class Sequence:
         snaps = self.rig.plan.reconciler._snapshots(self.sess, list(range(self.rig.num_ps)))
         pending = {e.sid for s in snaps.values() for e in s.entries}
         dead = sorted(pending - self._live_sids())
+        self.unsettled.clear()  # the dead steps with entries are settled now
         if dead:
             self.rig.plan.reconciler.settle(self.sess, range(self.rig.num_ps), only=dead)
             self.stats.stale_settlements += 1
@@ -464,6 +494,7 @@ class Sequence:
 
     def _full_settle(self, where: str) -> None:
         self.rig.plan.prepare(self.sess, restore=None)  # nothing lost: a chief (re)start settles everything
+        self._settled_all()
         self._complete_job()  # a rebuild the restart resumed ends here, so that parity can be checked
         self.stats.chief_restarts += where == "chief restart"
         self._check(where)
@@ -481,7 +512,7 @@ class Sequence:
         for w in self.workers:  # every session fails when a PS dies
             if w.step is not None:
                 self.stats.steps_failed += 1
-                w.step = None
+                self._abandon(w)
         attempts = 0
         while True:
             attempts += 1
@@ -495,9 +526,10 @@ class Sequence:
                 sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)), lambda: self.sess.run(self.rig.destroy[other]))
                 self.stats.second_failures += 1
             try:
-                self.rig.plan.prepare(sess, restore=None)
+                self.result = self.rig.plan.prepare(sess, restore=None)
                 if isinstance(sess, _CrashingSession):
                     sess.disarm()
+                self._settled_all()
                 break
             except InjectedCrash:
                 continue

@@ -161,7 +161,6 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
             return None
         self._last_step = step
         slot = self._slot
-        self._slot = (slot + 1) % SLOTS
         tiers = list(self._snap.tiers())
         persist = self._config.persist_every
         if persist and (self.rounds - self.skipped) % persist == 0:
@@ -178,6 +177,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         except (tf.errors.OpError, RuntimeError) as exc:  # a PS lost or the session closed mid-write
             _LOG.warning("flash checkpoint of step %d not written: %s", step, str(exc).splitlines()[0])
             return
+        # The next round writes the other slot; after a cut write, this one again (the other holds the newest).
+        self._slot = (slot + 1) % SLOTS
         self.write_seconds.append(time.perf_counter() - started)
         self.snapshots.append((epoch, step))
         _LOG.info("flash checkpoint of step %d in %s (%.2f s)", step, "+".join(t.value for t in tiers),

@@ -107,6 +107,7 @@ class FlashSnapshots:
             gate = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[2], shared_name="ec_flash_gate", name="gate")
             parked = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[self.num_trainers], shared_name="ec_flash_parked",
                                             name="parked")
+            self._gate_handles = [gate, parked]
             self.gate_value = tf.raw_ops.ReadVariableOp(resource=gate, dtype=tf.int64, name="gate_value")
             self._parked_value = tf.raw_ops.ReadVariableOp(resource=parked, dtype=tf.int64)
             self._gate_ready = tf.logical_and(tf.raw_ops.VarIsInitializedOp(resource=gate),
@@ -133,6 +134,7 @@ class FlashSnapshots:
     def _build_capture(self, logs: Mapping[int, tf.Tensor], step: Any) -> dict[int, list[tf.Tensor]]:
         self._before = self._quiet_reads(logs, step)
         shadows: dict[int, list[tf.Tensor]] = {}
+        self._shadows = shadows
         copies = []
         for p, vs in self.variables.items():
             with tf.device(ps_device(p)):
@@ -197,6 +199,10 @@ class FlashSnapshots:
         return tf.group(assigns)
 
     # ---- the gate ---------------------------------------------------------------------------------
+
+    def resources(self, p: int) -> list[tf.Tensor]:
+        """The handles of what the rounds keep in PS `p`'s memory (its shadows; PS 0: the gate)."""
+        return list(self._shadows[p]) + (list(self._gate_handles) if p == 0 else [])
 
     def peer(self, p: int) -> int:
         """The PS whose host holds PS `p`'s peer copy."""

@@ -1,0 +1,75 @@
+"""Flash checkpoints against generated failure sequences (`tests/harness/flash_schedule.py`).
+
+Captures land between any two ops of asynchronous workers' steps and must be accepted exactly
+when no step is open (the harness's own model of the steps, not the logs the capture reads);
+writes are cut by chief crashes; r + 1 PS are lost at once and must come back from the newest
+complete snapshot in memory, bit for bit as captured, with parity exact.  The mutation test
+breaks the capture's check and requires the oracle to notice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness import flash_schedule
+from integration.tf_cluster import tf_cluster
+
+from tf_ecrec.flash.snapshots import FlashSnapshots
+
+cluster = tf_cluster(num_ps=4)
+
+
+def _run(target, seeds, tmp_path, **kwargs):
+    total, flash = None, flash_schedule.FlashStats()
+    for seed in seeds:
+        seq = flash_schedule.FlashSequence(target, seed, str(tmp_path / f"s{seed}"), **kwargs)
+        stats = seq.run()
+        if total is None:
+            total = stats
+        else:
+            total.add(stats)
+        for field in flash.__dataclass_fields__:
+            setattr(flash, field, getattr(flash, field) + getattr(seq.flash, field))
+    return total, flash
+
+
+def test_captures_and_losses_beyond_r_restore_exactly_from_memory(cluster, tmp_path):
+    stats, flash = _run(cluster.target("chief"), [11, 12, 13, 14], tmp_path, k=2, r=1, num_ps=3, ticks=900)
+    assert stats.violations == []
+    # the sequences did what they are for
+    assert flash.captures >= 4 and flash.captures_dropped >= 4, flash
+    assert flash.memory_restores >= 2 and flash.writes_cut >= 1, flash
+    assert stats.steps_ok >= 20 and stats.parity_checks >= 4, stats
+
+
+def test_two_plus_two_loses_three_and_restores_from_memory(cluster, tmp_path):
+    stats, flash = _run(cluster.target("chief"), [21, 22], tmp_path, k=2, r=2, num_ps=4, ticks=700)
+    assert stats.violations == []
+    assert flash.captures >= 2 and flash.memory_restores >= 1, flash
+
+
+class _CaptureIgnoringLogs(FlashSnapshots):
+    """Broken on purpose: copies without checking that no step is in flight."""
+
+    def capture(self, sess):
+        before = sess.run(self._before)
+        sess.run(self._copy)
+        return int(before.get("step", 0))
+
+
+def test_the_oracle_catches_a_capture_that_ignores_steps_in_flight(cluster, tmp_path):
+    class Broken(flash_schedule.FlashSequence):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rig.flash.__class__ = _CaptureIgnoringLogs
+
+    found = []
+    for seed in (31, 32, 33):
+        seq = Broken(cluster.target("chief"), seed, str(tmp_path / f"b{seed}"), k=2, r=1, num_ps=3, ticks=600)
+        found += seq.run().violations
+        if found:
+            break
+    assert any("was accepted while steps" in v for v in found), found[:3]
