@@ -79,6 +79,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="SIGKILL TASK (ps:I, worker:I, chief:0, master) at global step N and restart it; repeatable",
     )
     p.add_argument("--restart-delay", type=float, default=2.0, help="seconds between a kill and the restart")
+    p.add_argument("--ps-memory-mb", type=int, default=None,
+                   help="each PS in its own memory cgroup with this limit; a PS killed at it is restarted with more")
+    p.add_argument("--oom-growth", type=float, default=1.5, help="the limit of a PS restarted after an OOM, times this")
+    p.add_argument("--hang-secs", type=float, default=300.0,
+                   help="kill and restart a trainer with no step for this long while others train (0: off)")
+    p.add_argument("--inject", action="append", default=[], metavar="oom:ps:I@step=N|hang:worker:I@step=N",
+                   help="at step N make a PS run out of memory, or freeze a trainer (SIGSTOP); repeatable")
     p.add_argument(
         "--restart-at",
         default="same",
@@ -178,6 +185,10 @@ def _run(args: argparse.Namespace) -> int:
         flash_checkpoint_steps=args.flash_checkpoint_steps,
         flash_checkpoint_secs=args.flash_checkpoint_secs,
         kills=parse_kills(args.kill),
+        ps_memory_mb=args.ps_memory_mb,
+        oom_growth=args.oom_growth,
+        hang_secs=args.hang_secs,
+        injections=tuple(args.inject),
         report=args.report,
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,

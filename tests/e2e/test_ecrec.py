@@ -52,6 +52,29 @@ def test_two_ps_killed_at_once_are_rebuilt_by_a_two_parity_code(tmp_path):
     _assert_parity_exact(report, stripes=4)
 
 
+def test_more_lost_ps_than_the_code_covers_restore_from_the_flash_checkpoint_in_memory(tmp_path):
+    from tf_ecrec.flash.config import Manifest, shm_root
+    from tf_ecrec.launcher.spec import JobSpec
+
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "600",
+                       "--flash-checkpoint-steps", "100", "--kill", "ps:0@step=250", "--kill", "ps:1@step=250",
+                       "--restart-delay", "1")
+    assert [r["method"] for r in report["recovery"]] == ["memory", "memory"], report["recovery"]
+    assert all(0 <= r["steps_rolled_back"] <= 100 for r in report["recovery"]), report["recovery"]
+    assert "by memory" in err
+    _assert_parity_exact(report, stripes=3)  # the snapshot's parity, exact: it was taken with no step in flight
+    data = report["data"]  # the shard progress went back with the model: every record trained, none skipped
+    assert data["finished"] and data["records_failed"] == 0
+    assert data["records_trained"] - data["records_retrained"] == data["records_total"], data
+    assert data["records_retrained"] > 0, data
+    job = JobSpec(fault_tolerance="ecrec", flash_checkpoint_steps=100, model_dir=str(tmp_path))
+    assert not os.path.exists(shm_root(job.flash, str(tmp_path)))  # the job's shared memory is freed at its end
+    for p in range(3):  # every PS persisted its newest copy when the launcher stopped it (SIGTERM)
+        manifests = [Manifest.decode((tmp_path / "flash" / f"ps{p}" / f"slot{s}" / "MANIFEST").read_bytes())
+                     for s in range(2) if (tmp_path / "flash" / f"ps{p}" / f"slot{s}" / "MANIFEST").exists()]
+        assert any(m is not None and m.global_step >= 300 for m in manifests), (p, manifests)
+
+
 def test_more_lost_ps_than_the_code_covers_falls_back_to_the_checkpoint(tmp_path):
     report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "1", "--steps", "400",
                        "--checkpoint-steps", "100", "--kill", "ps:0@step=250", "--kill", "ps:1@step=250",

@@ -73,3 +73,35 @@ def test_the_oracle_catches_a_capture_that_ignores_steps_in_flight(cluster, tmp_
         if found:
             break
     assert any("was accepted while steps" in v for v in found), found[:3]
+
+
+def test_with_shared_memory_gone_the_restore_reads_the_disk_tier(cluster, tmp_path):
+    """A lost host takes its shared memory: the persisted copy in the model dir is read, and says "disk"."""
+    import shutil
+
+    import numpy as np
+
+    from tf_ecrec.flash.config import Tier
+
+    seq = flash_schedule.FlashSequence(cluster.target("chief"), 41, str(tmp_path / "d"), k=2, r=1, num_ps=3)
+    with seq.start():
+        for _ in range(40):
+            seq._advance(seq.workers[int(seq.rng.integers(len(seq.workers)))])
+        seq._drain()
+        seq._settle_dead()
+        snap = seq.rig.flash
+        step = snap.capture(seq.sess)
+        assert step is not None
+        captured = seq.rig.read_words(seq.sess)
+        snap.write(seq.sess, 1, step, 0, [Tier.OWN, Tier.PEER, Tier.DISK])
+        for _ in range(20):  # training goes on past the snapshot
+            seq._advance(seq.workers[0])
+        shutil.rmtree(snap.root)
+        for p in (0, 2):
+            seq.sess.run(seq.rig.destroy[p])
+        result = seq.rig.plan.prepare(seq.sess, restore=None)
+        assert result.method == "disk" and result.global_step == step
+        values = seq.rig.read_words(seq.sess)
+        assert all(np.array_equal(values[t], captured[t]) for t in captured)
+        seq._check_parity("disk restore")
+        assert seq.stats.violations == []

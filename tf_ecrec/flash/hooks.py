@@ -15,7 +15,9 @@ a late trainer from spoiling a snapshot, it only gets the round skipped).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +30,7 @@ from tf_ecrec.flash.snapshots import FlashSnapshots
 
 _LOG = logging.getLogger(__name__)
 POLL_SECS = 0.002
+STATS_FILE = "flash_stats.json"
 
 
 def trainer_index(config: Any) -> tuple[int, int]:
@@ -45,7 +48,7 @@ def trainer_index(config: Any) -> tuple[int, int]:
 class FlashGateHook(tf.compat.v1.train.SessionRunHook):
     """A non-chief trainer's part of a round: park at a step boundary while the chief captures."""
 
-    def __init__(self, snapshots: FlashSnapshots, trainer: int, wait_secs: float = 30.0) -> None:
+    def __init__(self, snapshots: FlashSnapshots, trainer: int, wait_secs: float = 10.0) -> None:
         self._snap = snapshots
         self._trainer = int(trainer)
         self._wait = float(wait_secs)
@@ -124,6 +127,17 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
 
     def end(self, session: Any) -> None:
         self._join_writer()
+        self.save_stats()
+
+    def save_stats(self) -> None:
+        """Writes what the rounds cost to ``<model_dir>/flash_stats.json`` (benchmarks read it)."""
+        stats = {"rounds": self.rounds, "skipped": self.skipped, "pause_seconds": [round(x, 4) for x in self.pauses],
+                 "write_seconds": [round(x, 4) for x in self.write_seconds], "snapshots": self.snapshots,
+                 "bytes": sum(self._snap.bytes.values())}
+        path = os.path.join(self._snap.model_dir, STATS_FILE)
+        with tf.io.gfile.GFile(path + ".tmp", "w") as fh:
+            fh.write(json.dumps(stats))
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
     def _join_writer(self) -> None:
         if self._writer is not None:

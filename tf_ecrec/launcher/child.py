@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getppid() != parent:
         print(f"tf_ecrec.launcher.child: the launcher (pid {parent}) is gone; not starting {module}", file=sys.stderr)
         return 1
+    from tf_ecrec.launcher.memory_limit import join_cgroup_from_environment
+
+    join_cgroup_from_environment()  # everything it allocates is charged to its limit (--ps-memory-mb)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0

@@ -21,6 +21,7 @@ import signal
 import time
 from typing import Any
 
+from tf_ecrec.launcher.diagnosis import classify
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import Fault
 from tf_ecrec.launcher.ports import pick_ports
@@ -68,16 +69,20 @@ class FaultActions:
         assert task.process is not None
         task.process.send_signal(signal.SIGKILL)
         task.process.wait()
-        self._hit(task, fault, EventKind.KILL, f"killed {task.name} at global step {self._run.global_step}")
+        self._hit(task, fault, EventKind.KILL, f"killed {task.name} at global step {self._run.global_step}",
+                  diagnosis=classify(-9, injected=True).as_dict() | {"action": "restarted"})
         if self._run.watch is not None:
             self._run.note_failure(task.name)
             self._run.watch_report(task.name, reason)
 
-    def crashed(self, task: TaskProcess, signum: int) -> None:
-        """A task died from a signal (the OOM killer, a failpoint): restart it, as a pod restart would."""
+    def crashed(self, task: TaskProcess, signum: int, diagnosis: dict[str, Any] | None = None) -> None:
+        """A task died (a signal, the OOM killer, a failpoint, a hang): restart it, as a pod restart would.
+        `diagnosis`: why (`tf_ecrec.launcher.diagnosis`), with the ``action`` taken."""
         fault = self._run.faults.unplanned(task.cluster.task_type, task.cluster.task_index, self._run.global_step)
-        self._hit(task, fault, EventKind.CRASH, f"{task.name} died from signal {signum} at global step {self._run.global_step}: "
-                  "restarting it", signal=signum)
+        why = diagnosis["detail"] if diagnosis else f"died from signal {signum}"
+        action = diagnosis.get("action", "restarted") if diagnosis else "restarted"
+        self._hit(task, fault, EventKind.CRASH, f"{task.name} {why} at global step {self._run.global_step}: {action}",
+                  signal=signum, diagnosis=diagnosis)
         if self._run.watch is not None:
             self._run.note_failure(task.name)
             self._run.watch_report(task.name, f"died from signal {signum}")

@@ -74,6 +74,7 @@ class TaskProcess:
     training: bool = False  # a trainer whose current process reported a step
     spare_address: str | None = None  # a spare PS standing by at this address (--spare-ps)
     label: str | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # what its process gets besides the job's
 
     @property
     def killable(self) -> bool:
@@ -160,6 +161,7 @@ class ProcessTable:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(task.cluster.to_tf_config())  # the child's own, not this process's
         env.update(self.environment)
+        env.update(task.env)
         if task.spare_address is not None:
             env[ENV_SPARE_ADDRESS] = task.spare_address
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

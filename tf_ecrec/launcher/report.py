@@ -105,6 +105,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from tf_ecrec.launcher.diagnosis import exit_entries
 from tf_ecrec.launcher.events import Event
 
 _LOG = logging.getLogger(__name__)
@@ -295,6 +296,7 @@ def build_report(
         "events": [e.to_json() for e in events],
         "recovery": recovery,
         "settlement": settlement_totals(events),
+        "exits": exit_entries(events),
         "variables_sha256": digest.get("variables_sha256"),
         "variables": {"count": digest.get("variables"), "bytes": digest.get("bytes")},
         **({"parity": digest["parity"]} if "parity" in digest else {}),

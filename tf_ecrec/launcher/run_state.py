@@ -44,6 +44,7 @@ class RunState:
         self.faults = faults
         self.cluster_file = cluster_file
         self.global_step = 0
+        self.exit_watch: Any = None  # tf_ecrec.launcher.exits.ExitWatch, set by the supervisor
         self.errors: list[str] = []
         self.master: MasterProcess | None = None
         self.watch: MasterWatch | None = None
@@ -54,6 +55,8 @@ class RunState:
 
     def start(self, task: TaskProcess, kind: EventKind = EventKind.START) -> None:
         """Starts `task`'s process and records it (`kind`: start, restart, add, spare)."""
+        if self.exit_watch is not None:
+            task.env = self.exit_watch.environment(task)
         self.table.launch(task, time.time())
         self.event(kind, task.name)
 

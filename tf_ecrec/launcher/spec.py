@@ -13,7 +13,7 @@ import re
 from typing import Any, TypeVar
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher import intervals
+from tf_ecrec.launcher import diagnosis, intervals
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
 from tf_ecrec.launcher.kill_spec import KillSpec
 
@@ -130,11 +130,16 @@ class JobSpec:
     add_workers: tuple[int, ...] = ()
     removes: tuple[KillSpec, ...] = ()
     strategy: Strategy = Strategy.ESTIMATOR
+    ps_memory_mb: int | None = None
+    oom_growth: float = 1.5
+    hang_secs: float = 300.0
+    injections: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kills", tuple(self.kills))
         object.__setattr__(self, "add_workers", tuple(sorted(self.add_workers)))
         object.__setattr__(self, "removes", tuple(self.removes))
+        object.__setattr__(self, "injections", tuple(self.injections))
         # Flag spellings (the command line, job.json) become members; an unknown one is refused here.
         object.__setattr__(self, "fault_tolerance", _member(FaultTolerance, self.fault_tolerance, "--fault-tolerance"))
         if self.storage is not None:
@@ -176,6 +181,7 @@ class JobSpec:
         _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")
         intervals.validate(self)
+        diagnosis.validate(self)
         _check(
             not (self.fault_tolerance is FaultTolerance.ECREC and self.storage is Storage.PARTITIONED),
             "--storage partitioned with --fault-tolerance ecrec: ecrec protects the collection storage only",

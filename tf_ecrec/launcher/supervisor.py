@@ -69,7 +69,9 @@ from tf_ecrec.errors import LaunchError
 from tf_ecrec.flash.config import shm_root
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.console import Console, progress_line, summary
+from tf_ecrec.launcher.diagnosis import ExitKind
 from tf_ecrec.launcher.events import EventKind
+from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.fault_actions import FaultActions
 from tf_ecrec.launcher.faults import FaultSchedule
 from tf_ecrec.launcher.master_connection import DATASET, master_environment
@@ -121,6 +123,7 @@ class Supervisor:
         self._receiver = StatusReceiver()
         self._run.table.environment = {ENV_STATUS_ADDRESS: self._receiver.address, ENV_CLUSTER_FILE: self._run.cluster_file}
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self._exits = self._run.exit_watch = ExitWatch(self._run)
         data_state = None
         try:
             if job.uses_master:
@@ -147,6 +150,7 @@ class Supervisor:
             raise
         finally:
             self._stop_all()
+            self._exits.close()
             if job.flash is not None:  # the job's snapshots in shared memory outlive PS tasks, not the job
                 shutil.rmtree(shm_root(job.flash, job.model_dir), ignore_errors=True)
             self._receiver.close()
@@ -202,6 +206,9 @@ class Supervisor:
                     last_progress = time.time()
             now = time.time()
             self._check_processes()
+            for task in self._exits.drive(now):  # hung trainers, killed: restarted like a crash
+                diagnosis = self._exits.diagnose(task, task.process.returncode if task.process else -9)
+                self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
             self._run.record.sample_memory(now, self._run.table.every_process())
             self._actions.drive(now)
             if self._driver is not None:
@@ -232,6 +239,7 @@ class Supervisor:
         if kind is StatusKind.STEP:
             if task in self._run.tasks and self._run.tasks[task].state is TaskState.RUNNING:
                 self._run.tasks[task].training = True
+                self._exits.progressed(task, time.time())
             step = int(msg.get("step", 0))
             self._run.record.step(t, step, int(msg.get("records", 0)))
             if step > self._run.global_step or self._run.faults.interrupted(t):
@@ -285,15 +293,18 @@ class Supervisor:
             if code is None:
                 continue
             task.exit_code = code
-            self._run.event(EventKind.EXIT, task.name, code=code)
+            diagnosis = self._exits.diagnose(task, code)
+            if task.state is TaskState.RUNNING and (code < 0 or diagnosis.kind is ExitKind.OOM):
+                # died from a signal (the OOM killer, a failpoint) or of an allocation failure: restart it
+                self._actions.crashed(task, -code if code < 0 else 0, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
+                continue
+            self._run.event(EventKind.EXIT, task.name, code=code, diagnosis=diagnosis.as_dict())
             if task.state is TaskState.LEAVING:
                 task.state = TaskState.REMOVED
                 if code != 0:
                     self._run.watch_report(task.name, f"exited with code {code} while leaving")
             elif code == 0 and task.cluster.task_type != "ps":
                 task.state = TaskState.DONE
-            elif code < 0:
-                self._actions.crashed(task, -code)
             else:
                 task.state = TaskState.FAILED
                 self._run.errors.append(f"{task.name} exited with code {code}; last lines of its log:\n" + task.tail())

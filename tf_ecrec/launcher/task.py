@@ -34,6 +34,7 @@ from typing import Any
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError
+from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.models import load_model, model_params
@@ -285,10 +286,11 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
     master = MasterConnection.connect(job, cluster)  # None without a job master
     if cluster.task_type == "ps":
         _LOG.info("%s serving at %s", cluster.task, cluster.address)
+        consume_memory_on_signal()  # --inject oom:ps:I@step=N
         if job.flash is None:
-            server.join()
+            wait_forever(server)  # not server.join(): signal handlers run only while Python code does
         else:
-            serve_persisting(job, cluster.task_index)
+            serve_persisting(job, cluster.task_index, server)
         return
     if master is None:
         train(job, cluster)
@@ -301,11 +303,10 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         master.close()
 
 
-def serve_persisting(job: JobSpec, ps: int) -> None:
+def serve_persisting(job: JobSpec, ps: int, server: Any) -> None:
     """A PS of a job with flash checkpoints: serves until SIGTERM, then persists its newest snapshot
     in shared memory to the model dir (`tf_ecrec.flash.persist`) and exits."""
     import signal
-    import time
 
     from tf_ecrec.flash.persist import persist_newest
 
@@ -315,8 +316,7 @@ def serve_persisting(job: JobSpec, ps: int) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    while True:  # the server runs on its own threads; the main thread waits here so the handler can run
-        time.sleep(1.0)
+    wait_forever(server)
 
 
 def stand_by(job: JobSpec, address: str, num_ps: int) -> None:

@@ -1,0 +1,118 @@
+"""The supervisor's part that says why tasks end and acts on it: memory limits, OOM, hangs, injections.
+
+- **Memory limits** (``--ps-memory-mb M``): every PS runs in its own memory cgroup
+  (`tf_ecrec.launcher.memory_limit`); a PS the kernel kills at its limit is restarted with the limit
+  times ``--oom-growth`` (erasure coding rebuilds it from parity), and the report says so.
+- **Hangs** (``--hang-secs S``, 0: off): a trainer that reported no step for S seconds while the
+  job's global step went on by at least `HANG_MIN_STEPS` (so not a pause of the whole job, such as a
+  recovery) is killed and restarted.
+- **Injections** (``--inject oom:ps:I@step=N``, ``--inject hang:worker:I@step=N``): at step N the
+  launcher makes a PS allocate memory until its limit kills it (SIGUSR1, `consume_memory_on_signal`),
+  or freezes a trainer (SIGSTOP): the real failure, for tests and drills.
+
+Every exit is classified (`tf_ecrec.launcher.diagnosis.classify`) into an event's ``diagnosis``;
+the report lists them under ``exits``.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from typing import Any
+
+from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
+from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits, MemoryLimits
+from tf_ecrec.launcher.process_table import TaskProcess, TaskState
+
+HANG_MIN_STEPS = 10
+
+
+class ExitWatch:
+    """See the module docstring; the supervisor calls it from its loop thread only."""
+
+    def __init__(self, run: Any, limits: MemoryLimits | None = None) -> None:
+        self._run = run
+        job = run.job
+        self._limits = limits if limits is not None else (CgroupMemoryLimits() if job.ps_memory_mb else None)
+        self._limit_mb: dict[str, int] = {}
+        self._progress: dict[str, tuple[float, int]] = {}  # trainer -> (its last step report, global step then)
+        self._injections = [parse_injection(t) for t in job.injections]
+        self._hung: set[str] = set()
+
+    def environment(self, task: TaskProcess) -> dict[str, str]:
+        """What `task`'s process needs in its environment (its memory cgroup)."""
+        if self._limits is None or task.cluster.task_type != "ps":
+            return {}
+        limit = self._limit_mb.setdefault(task.name, int(self._run.job.ps_memory_mb))
+        return self._limits.environment(task.name, limit)
+
+    def progressed(self, task: str, t: float) -> None:
+        self._progress[task] = (t, self._run.global_step)
+
+    def drive(self, now: float) -> list[TaskProcess]:
+        """Due injections; the trainers found hung, killed (the supervisor restarts them)."""
+        step = self._run.global_step
+        for kind, spec in list(self._injections):
+            task = self._run.tasks.get(spec.task)
+            if step >= spec.step and task is not None and task.state is TaskState.RUNNING and task.process is not None:
+                task.process.send_signal(signal.SIGUSR1 if kind == "oom" else signal.SIGSTOP)
+                self._injections.remove((kind, spec))
+                self._run.console.print(f"injected {kind} into {task.name} at global step {step}")
+        hung = []
+        secs = self._run.job.hang_secs
+        for task in self._run.table.trainers():
+            if not secs or task.state is not TaskState.RUNNING or not task.training or task.process is None:
+                continue
+            t, at = self._progress.get(task.name, (now, step))
+            if now - t > secs and step >= at + HANG_MIN_STEPS:
+                task.process.send_signal(signal.SIGKILL)
+                task.process.wait()
+                self._hung.add(task.name)
+                self._progress.pop(task.name, None)
+                hung.append(task)
+        return hung
+
+    def diagnose(self, task: TaskProcess, code: int) -> Diagnosis:
+        """Why `task`'s process ended with `code`."""
+        oom_kills = self._limits.oom_kills(task.name) if self._limits is not None and task.name in self._limit_mb else 0
+        hung = task.name in self._hung
+        self._hung.discard(task.name)
+        return classify(code, hung=hung, oom_kills=oom_kills, log_tail=task.tail(40),
+                        limit_mb=self._limit_mb.get(task.name))
+
+    def act(self, task: TaskProcess, diagnosis: Diagnosis) -> str:
+        """What restarting `task` after `diagnosis` involves (a larger memory limit after an OOM)."""
+        old = self._limit_mb.get(task.name)
+        if diagnosis.kind is ExitKind.OOM and old is not None and self._limits is not None:
+            new = math.ceil(old * self._run.job.oom_growth)
+            self._limit_mb[task.name] = new
+            return f"restarted with a {new} MB memory limit (was {old} MB)"
+        return "restarted"
+
+    def close(self) -> None:
+        if self._limits is not None:
+            self._limits.close()
+
+
+def consume_memory_on_signal() -> None:
+    """In a PS process: on SIGUSR1, allocate (and touch) memory until the kernel stops the process."""
+    hog: list[bytearray] = []
+
+    def grow() -> None:
+        while True:
+            hog.append(bytearray(16 << 20))  # zero-filled: the pages are touched
+            time.sleep(0.005)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        threading.Thread(target=grow, name="injected-oom", daemon=True).start()
+
+    signal.signal(signal.SIGUSR1, on_signal)
+
+
+def wait_forever(*keep: Any) -> None:
+    """The main thread of a task whose work runs on other threads (`keep`: what they need alive, a
+    server), waiting in Python so that signal handlers run."""
+    while keep is not None:
+        time.sleep(1.0)
