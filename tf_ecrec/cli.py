@@ -160,6 +160,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    help="start one more worker at global step N (its TF_CONFIG slot exists from the start); repeatable")
     m.add_argument("--remove-worker", action="append", default=[], metavar="worker:I@step=N",
                    help="stop worker I for good at global step N: it finishes its step, reports, leaves; repeatable")
+    m.add_argument("--min-workers", type=int, default=None,
+                   help="automatic scaling: the fewest trainers (chief included); with --max-workers")
+    m.add_argument("--max-workers", type=int, default=None,
+                   help="automatic scaling: the most trainers; a trainer is added while each addition raises the "
+                   "job's records/s by 10%%, the last taken back when it does not (tf_ecrec.master.autoscale)")
+    m.add_argument("--autoscale-window", type=float, default=15.0, help="seconds of training measured per trainer count")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -189,6 +195,9 @@ def _run(args: argparse.Namespace) -> int:
         oom_growth=args.oom_growth,
         hang_secs=args.hang_secs,
         injections=tuple(args.inject),
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        autoscale_window=args.autoscale_window,
         report=args.report,
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,

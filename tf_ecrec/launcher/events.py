@@ -47,6 +47,7 @@ class EventKind(str, enum.Enum):
     FAILOVER = "failover"
     RESUMED = "resumed"
     REGAINED = "regained"
+    SCALE = "scale"
 
 
 @dataclasses.dataclass

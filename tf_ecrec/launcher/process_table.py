@@ -130,9 +130,10 @@ class ProcessTable:
         self._spare_count = 0
 
     def add(self, cluster: ClusterConfig) -> TaskProcess:
-        """Adds the task `cluster` names, not started (PENDING, or LATER for an --add-worker slot)."""
+        """Adds the task `cluster` names, not started (PENDING, or LATER for a slot beyond the initial workers:
+        --add-worker, automatic scaling)."""
         task = TaskProcess(cluster)
-        if self.job.added_at(cluster.task) is not None:
+        if cluster.task_type == "worker" and cluster.task_index >= self.job.workers - 1:
             task.state = TaskState.LATER
         self.tasks[cluster.task] = task
         return task

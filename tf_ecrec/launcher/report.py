@@ -105,6 +105,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from tf_ecrec.launcher.autoscaling import scaling_entries
 from tf_ecrec.launcher.diagnosis import exit_entries
 from tf_ecrec.launcher.events import Event
 
@@ -297,6 +298,7 @@ def build_report(
         "recovery": recovery,
         "settlement": settlement_totals(events),
         "exits": exit_entries(events),
+        "scaling": scaling_entries(events),
         "variables_sha256": digest.get("variables_sha256"),
         "variables": {"count": digest.get("variables"), "bytes": digest.get("bytes")},
         **({"parity": digest["parity"]} if "parity" in digest else {}),

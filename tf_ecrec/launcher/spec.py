@@ -13,7 +13,7 @@ import re
 from typing import Any, TypeVar
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher import diagnosis, intervals
+from tf_ecrec.launcher import diagnosis, elastic, intervals
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
 from tf_ecrec.launcher.kill_spec import KillSpec
 
@@ -134,6 +134,9 @@ class JobSpec:
     oom_growth: float = 1.5
     hang_secs: float = 300.0
     injections: tuple[str, ...] = ()
+    min_workers: int | None = None
+    max_workers: int | None = None
+    autoscale_window: float = 15.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kills", tuple(self.kills))
@@ -223,7 +226,7 @@ class JobSpec:
                 f"--kill {kill}: step {kill.step} must be inside the run, 0 < step < --steps {self.steps}",
                 "--kill",
             )
-        self._validate_elastic()
+        elastic.validate(self)
         if self.strategy is Strategy.PSS:
             from tf_ecrec.launcher.pss_job import check_pss_job
 
@@ -299,29 +302,6 @@ class JobSpec:
             except ConfigError as exc:
                 raise ConfigError(f"--zk {self.zk!r}: {exc}; source: --zk") from exc
 
-    def _validate_elastic(self) -> None:
-        for step in self.add_workers:
-            _check(
-                0 < step < self.steps,
-                f"--add-worker step={step} must be inside the run, 0 < step < --steps {self.steps}",
-                "--add-worker",
-            )
-        removed: set[str] = set()
-        for remove in self.removes:
-            _check(
-                remove.task_type == "worker",
-                f"--remove-worker {remove}: only non-chief workers (worker:I) can leave a running job",
-                "--remove-worker",
-            )
-            self._check_task_exists(remove, "--remove-worker")
-            _check(
-                0 < remove.step < self.steps,
-                f"--remove-worker {remove}: step {remove.step} must be inside the run, 0 < step < --steps {self.steps}",
-                "--remove-worker",
-            )
-            _check(remove.task not in removed, f"--remove-worker {remove}: {remove.task} is removed twice", "--remove-worker")
-            removed.add(remove.task)
-
     # ---- derived ---------------------------------------------------------------------------
 
     @property
@@ -347,16 +327,17 @@ class JobSpec:
 
     @property
     def worker_slots(self) -> int:
-        """Non-chief worker slots in TF_CONFIG: the initial ones, then one per --add-worker."""
-        return self.workers - 1 + len(self.add_workers)
+        """Non-chief worker slots in TF_CONFIG (`tf_ecrec.launcher.elastic.worker_slots`)."""
+        return elastic.worker_slots(self)
+
+    @property
+    def scaling(self) -> Any:
+        """The `tf_ecrec.master.autoscale.ScalingConfig` of ``--min-workers/--max-workers``, or None."""
+        return elastic.scaling_config(self)
 
     def added_at(self, task: str) -> int | None:
         """The --add-worker step of an added slot ("worker:I"), None for the initial tasks."""
-        first = self.workers - 1
-        for i, step in enumerate(self.add_workers):
-            if task == f"worker:{first + i}":
-                return step
-        return None
+        return elastic.added_at(self, task)
 
     @property
     def criteo_paths(self) -> list[str]:

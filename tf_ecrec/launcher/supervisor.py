@@ -68,6 +68,7 @@ from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.flash.config import shm_root
 from tf_ecrec.launcher import model_dir
+from tf_ecrec.launcher.autoscaling import AutoScaling, LocalScaler
 from tf_ecrec.launcher.console import Console, progress_line, summary
 from tf_ecrec.launcher.diagnosis import ExitKind
 from tf_ecrec.launcher.events import EventKind
@@ -75,7 +76,7 @@ from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.fault_actions import FaultActions
 from tf_ecrec.launcher.faults import FaultSchedule
 from tf_ecrec.launcher.master_connection import DATASET, master_environment
-from tf_ecrec.launcher.master_driver import MasterDriver
+from tf_ecrec.launcher.master_driver import LEAVE_TIMEOUT_SECS, MasterDriver
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import ProcessTable, TaskState, job_cluster
@@ -102,6 +103,7 @@ class Supervisor:
                              model_dir.cluster_file(job.model_dir))
         self._actions = FaultActions(self._run)
         self._driver: MasterDriver | None = None
+        self._scaling: AutoScaling | None = None
         self._token: str | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -182,6 +184,9 @@ class Supervisor:
         self._run.watch = MasterWatch(address, self._token, DATASET)
         self._run.watch.connect()
         self._driver = MasterDriver(self._run, self._actions.lost)
+        scaling = self.job.scaling
+        if scaling is not None:
+            self._scaling = AutoScaling(self._run, scaling, LocalScaler(self._run, LEAVE_TIMEOUT_SECS))
         self._run.table.environment.update(master_environment(self._run.watch.address, self._token))
 
     def _stop_all(self) -> None:
@@ -213,6 +218,8 @@ class Supervisor:
             self._actions.drive(now)
             if self._driver is not None:
                 self._driver.drive(now)
+                if self._scaling is not None:
+                    self._scaling.drive(now, self._driver.data_state())
             if self._run.errors:
                 raise LaunchError("; ".join(self._run.errors))
             # Slots still waiting for --add-worker are not waited for: the data is done.
