@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -85,6 +86,24 @@ class PSSCluster:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def fit_started() -> Any:
+    """An epoch-level Keras callback whose ``event`` is set once fit runs its first epoch.  A thread that
+    reads PS variables while fit trains waits on it first: such a read beside fit's own start (its
+    recovery reading the model's bookkeeping variables) crashed the coordinator process of TensorFlow
+    2.15 with SIGSEGV in CI (twice in three runs, never here); once epochs run it has not."""
+    import tensorflow as tf
+
+    class FitStarted(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.event = threading.Event()
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.event.set()
+
+    return FitStarted()
 
 
 def movable_resolver_class() -> type:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
-from harness.pss_cluster import exit_with
+from harness.pss_cluster import exit_with, fit_started
 
 TOTAL_TIMEOUT = 420
 
@@ -185,8 +185,10 @@ def kill_during_fit_case() -> None:
         try:
             model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
             seen: dict[int, int] = {}
+            started = fit_started()
 
             def killer() -> None:
+                started.event.wait(120)
                 for ps, at in ((1, 20), (0, 45)):
                     while int(model.optimizer.iterations.numpy()) < at:
                         time.sleep(0.01)
@@ -197,7 +199,8 @@ def kill_during_fit_case() -> None:
 
             thread = threading.Thread(target=killer, daemon=True)
             thread.start()
-            result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=20, verbose=0, timeout_secs=120)
+            result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=20, verbose=0, timeout_secs=120,
+                                      callbacks=[started])
             thread.join(timeout=60)
             assert [r.lost for r in result.recoveries] == [[1], [0]], result
             for r, ps in zip(result.recoveries, (1, 0)):
@@ -225,7 +228,10 @@ def worker_killed_during_fit_case() -> None:
         try:
             model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
 
+            started = fit_started()
+
             def killer() -> None:
+                started.event.wait(120)
                 while int(model.optimizer.iterations.numpy()) < 15:
                     time.sleep(0.01)
                 cluster.kill("worker", 1)
@@ -234,7 +240,8 @@ def worker_killed_during_fit_case() -> None:
 
             thread = threading.Thread(target=killer, daemon=True)
             thread.start()
-            result = tf_ecrec.pss.fit(model, _data(tf), epochs=3, steps_per_epoch=20, verbose=0, timeout_secs=120)
+            result = tf_ecrec.pss.fit(model, _data(tf), epochs=3, steps_per_epoch=20, verbose=0, timeout_secs=120,
+                                      callbacks=[started])
             thread.join(timeout=60)
             assert not result.recoveries, result  # no PS was lost
             # At least the planned steps: the strategy runs a dead worker's closure again, and when the first
@@ -352,7 +359,10 @@ def beyond_the_code_falls_back_case() -> None:
         try:
             model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
 
+            started = fit_started()
+
             def killer() -> None:
+                started.event.wait(120)
                 while int(model.optimizer.iterations.numpy()) < 25:
                     time.sleep(0.01)
                 cluster.kill("ps", 1)
@@ -365,7 +375,7 @@ def beyond_the_code_falls_back_case() -> None:
             thread.start()
             with tempfile.TemporaryDirectory() as checkpoints:
                 result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=10, verbose=0, timeout_secs=120,
-                                          checkpoint_dir=checkpoints)
+                                          checkpoint_dir=checkpoints, callbacks=[started])
             thread.join(timeout=60)
             (recovered,) = result.recoveries
             assert recovered.method == "checkpoint" and recovered.lost == [1, 2], recovered
