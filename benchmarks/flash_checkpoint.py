@@ -115,9 +115,13 @@ def restore(args: argparse.Namespace) -> None:
                                   variables=variables)
             saver = tf.compat.v1.train.Saver(variables, sharded=True)
             init = tf.compat.v1.global_variables_initializer()
+            # A sparse update puts each variable in copy-on-read mode, as training's in-place updates do:
+            # from then on the capture's read copies the bytes (a fresh variable's read would alias them).
+            touch = [tf.raw_ops.ResourceScatterAdd(resource=v.handle, indices=[0], updates=tf.zeros([1, 64])) for v in variables]
         size = sum(snap.bytes.values()) / 1e9
         with tf.compat.v1.Session(chief.target, graph=graph) as sess:
             sess.run(init)
+            sess.run(touch)
             t = {}
 
             def timed(name: str, fn) -> None:
@@ -133,6 +137,7 @@ def restore(args: argparse.Namespace) -> None:
             for tier in Tier:
                 timed(f"restore {tier.value}", lambda tier=tier: snap.restore(sess, copies[tier]))
             prefix = os.path.join(work, "saver", "ckpt")
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
             timed("saver save", lambda: saver.save(sess, prefix))
             timed("saver restore", lambda: saver.restore(sess, prefix))
             values = sess.run(variables[0])

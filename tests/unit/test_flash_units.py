@@ -10,13 +10,13 @@ import pytest
 
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.flash.config import (
+    FILES,
     MANIFEST,
     Copy,
     FlashConfig,
     Manifest,
     Tier,
     choose,
-    file_name,
     job_key,
     shm_root,
     slot_dir,
@@ -67,7 +67,7 @@ def test_paths_are_per_job_per_ps_per_slot_and_disk_is_in_the_model_dir(tmp_path
     peer = slot_dir(Tier.PEER, 2, 1, root=root, model_dir="/m")
     assert own != peer and own.startswith(root) and peer.startswith(root)
     assert slot_dir(Tier.DISK, 2, 1, root=root, model_dir="/m") == "/m/flash/ps2/slot1"
-    assert file_name(3) != file_name(30)
+    assert len(set(FILES)) == 2
 
 
 def test_the_newest_epoch_complete_on_every_ps_is_chosen():
@@ -133,7 +133,7 @@ def test_sigterm_persists_the_newest_complete_copy_and_keeps_the_older_disk_slot
     def put(tier, slot, manifest, payload):
         d = slot_dir(tier, 1, slot, root=root, model_dir=model_dir)
         os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, file_name(0)), "wb") as fh:
+        with open(os.path.join(d, FILES[1]), "wb") as fh:
             fh.write(payload)
         with open(os.path.join(d, MANIFEST), "wb") as fh:
             fh.write(manifest.encode() if manifest else b"")
@@ -146,8 +146,8 @@ def test_sigterm_persists_the_newest_complete_copy_and_keeps_the_older_disk_slot
     got = persist_newest(config, model_dir, 1)
     assert got is not None and got.epoch == 4
     d1 = slot_dir(Tier.DISK, 1, 1, root=root, model_dir=model_dir)  # the older disk slot was replaced
-    assert open(os.path.join(d1, file_name(0)), "rb").read() == b"new"
+    assert open(os.path.join(d1, FILES[1]), "rb").read() == b"new"
     assert Manifest.decode(open(os.path.join(d1, MANIFEST), "rb").read()).epoch == 4
     d0 = slot_dir(Tier.DISK, 1, 0, root=root, model_dir=model_dir)
-    assert open(os.path.join(d0, file_name(0)), "rb").read() == b"disk2"
+    assert open(os.path.join(d0, FILES[1]), "rb").read() == b"disk2"
     assert persist_newest(config, model_dir, 1).epoch == 4  # already persisted: nothing rewritten

@@ -97,9 +97,9 @@ def slot_dir(tier: Tier, ps: int, slot: int, *, root: str, model_dir: str) -> st
     return os.path.join(root, tier.value, f"ps{ps}", f"slot{slot}")
 
 
-def file_name(index: int) -> str:
-    """The file of the `index`-th variable of a PS (in the PS's sorted variable order)."""
-    return f"v{index:05d}.tensor"
+BUNDLE = "snap"
+"""A copy's tensors: one TensorFlow tensor bundle (SaveV2/RestoreV2) named by variable, in `FILES`."""
+FILES = (f"{BUNDLE}.index", f"{BUNDLE}.data-00000-of-00001")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,8 @@ import tensorflow as tf
 from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.flash.config import (
+    BUNDLE,
+    FILES,
     MANIFEST,
     SLOTS,
     Choice,
@@ -44,7 +46,6 @@ from tf_ecrec.flash.config import (
     Manifest,
     Tier,
     choose,
-    file_name,
     shm_root,
     slot_dir,
 )
@@ -167,36 +168,35 @@ class FlashSnapshots:
         self._dst = {p: tf.compat.v1.placeholder(tf.string, [], name=f"dst{p}") for p in range(self.num_ps)}
         self._serialize, self._ship, self._restore = {}, {}, {}
         for p, vs in self.variables.items():
+            if not vs:
+                raise ConfigError(f"PS {p} holds no variable to snapshot; source: the model's variable placement")
             with tf.device(ps_device(p)):
-                self._serialize[p] = tf.group([
-                    tf.io.write_file(tf.strings.join([self._dst[p], file_name(i)], "/"),
-                                     tf.io.serialize_tensor(tf.raw_ops.ReadVariableOp(resource=s, dtype=v.dtype.base_dtype)))
-                    for i, (s, v) in enumerate(zip(shadows[p], vs))])
+                # One tensor bundle per copy, written straight from the shadows' buffers.
+                self._serialize[p] = tf.raw_ops.SaveV2(
+                    prefix=tf.strings.join([self._dst[p], BUNDLE], "/"), tensor_names=list(self.names[p]),
+                    shape_and_slices=[""] * len(vs),
+                    tensors=[tf.raw_ops.ReadVariableOp(resource=s, dtype=v.dtype.base_dtype) for s, v in zip(shadows[p], vs)])
             for reader in sorted({p, self.peer(p)}):
                 for writer in sorted({p, self.peer(p)}):
                     self._ship[(p, reader, writer)] = self._ship_op(p, reader, writer)
                 self._restore[(p, reader)] = self._restore_op(p, reader)
 
-    def _read(self, p: int, i: int, reader: int) -> tf.Tensor:
-        with tf.device(ps_device(reader)):
-            return tf.io.read_file(tf.strings.join([self._src[p], file_name(i)], "/"))
-
     def _ship_op(self, p: int, reader: int, writer: int) -> tf.Operation:
         writes = []
-        for i in range(len(self.variables[p])):
-            blob = self._read(p, i, reader)
+        for name in FILES:
+            with tf.device(ps_device(reader)):
+                blob = tf.io.read_file(tf.strings.join([self._src[p], name], "/"))
             with tf.device(ps_device(writer)):
-                writes.append(tf.io.write_file(tf.strings.join([self._dst[p], file_name(i)], "/"), blob))
+                writes.append(tf.io.write_file(tf.strings.join([self._dst[p], name], "/"), blob))
         return tf.group(writes)
 
     def _restore_op(self, p: int, reader: int) -> tf.Operation:
-        assigns = []
-        for i, v in enumerate(self.variables[p]):
-            blob = self._read(p, i, reader)
-            with tf.device(ps_device(p)):
-                value = tf.io.parse_tensor(blob, v.dtype.base_dtype)
-                assigns.append(tf.raw_ops.AssignVariableOp(resource=v.handle, value=value))
-        return tf.group(assigns)
+        vs = self.variables[p]
+        with tf.device(ps_device(reader)):  # read where the copy is, assign where the variables are
+            values = tf.raw_ops.RestoreV2(prefix=tf.strings.join([self._src[p], BUNDLE], "/"), tensor_names=list(self.names[p]),
+                                          shape_and_slices=[""] * len(vs), dtypes=[v.dtype.base_dtype for v in vs])
+        with tf.device(ps_device(p)):
+            return tf.group([tf.raw_ops.AssignVariableOp(resource=v.handle, value=x) for v, x in zip(vs, values)])
 
     # ---- the gate ---------------------------------------------------------------------------------
 
