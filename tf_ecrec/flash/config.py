@@ -57,7 +57,7 @@ class FlashConfig:
     every_secs: float = 0.0
     shm_dir: str = DEFAULT_SHM_DIR
     persist_every: int = 10
-    park_secs: float = 2.0
+    park_secs: float = 0.5
 
     def __post_init__(self) -> None:
         source = "FlashConfig / --flash-checkpoint-steps / --flash-checkpoint-secs"

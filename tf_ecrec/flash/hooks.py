@@ -1,8 +1,9 @@
 """The trainers' side of flash checkpoints: the chief's round driver and the other trainers' gate.
 
 `FlashCheckpointHook` (chief) starts a round when one is due (`FlashConfig.due`), right after one
-of its own steps: it raises the gate, waits for the other trainers to park (at most
-``park_secs``), captures under the reconciler's lock (no settlement writes meanwhile), releases
+of its own steps: it raises the gate, waits for the other trainers present to park (at most
+``park_secs``; a trainer's gate hook marks its slot present when its session is created and absent
+when it ends, so slots never started or left are not waited for), captures under the reconciler's lock (no settlement writes meanwhile), releases
 the gate and leaves the writing to a thread.  A round is skipped, and tried again at the next
 step, while a background rebuild runs (rows not yet rebuilt read as zeros), while the previous
 round's files are still being written, or when the capture saw a step in flight.
@@ -30,6 +31,9 @@ from tf_ecrec.flash.snapshots import FlashSnapshots
 
 _LOG = logging.getLogger(__name__)
 POLL_SECS = 0.002
+ABSENT, PRESENT = 0, 1
+"""A trainer's slot of the gate's parking vector before any round: not running, or running (rounds' epochs
+are millisecond times, far above both)."""
 STATS_FILE = "flash_stats.json"
 
 
@@ -54,6 +58,17 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
         self._wait = float(wait_secs)
         self._parked_at = 0
         self.parks = 0
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        # Present: the chief waits for this trainer to park (a slot never started, or left, is not waited for).
+        if int(self._snap.parked(session)[self._trainer]) < PRESENT:
+            self._snap.park(session, self._trainer, PRESENT)
+
+    def end(self, session: Any) -> None:
+        try:
+            self._snap.park(session, self._trainer, ABSENT)  # leaving (data done, --remove-worker, scaled down)
+        except (tf.errors.OpError, RuntimeError):
+            pass
 
     def before_run(self, run_context: Any) -> Any:
         return tf.compat.v1.train.SessionRunArgs(self._snap.gate_value)
@@ -152,7 +167,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
             self._slot = self._free_slot(sess)
         started = time.perf_counter()
         self._snap.request(sess, epoch)
-        others = [i for i in range(self._snap.num_trainers) if i != self._trainer]
+        parked = self._snap.parked(sess)
+        others = [i for i in range(self._snap.num_trainers) if i != self._trainer and parked[i] >= PRESENT]
         deadline = time.monotonic() + self._config.park_secs
         while others:
             parked = self._snap.parked(sess)
