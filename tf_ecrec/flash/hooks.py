@@ -115,7 +115,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self._epoch = 0
         self.rounds = 0
         self.skipped = 0
-        self.pauses: list[float] = []  # seconds each capture paused training (request to release)
+        self.pauses: list[float] = []  # seconds each round paused training (request to release)
+        self.captures: list[float] = []  # of which the capture (listeners, logs read, copies, logs read)
         self.snapshots: list[tuple[int, int]] = []  # (epoch, global step) complete in memory
         self.write_seconds: list[float] = []
 
@@ -147,6 +148,7 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
     def save_stats(self) -> None:
         """Writes what the rounds cost to ``<model_dir>/flash_stats.json`` (benchmarks read it)."""
         stats = {"rounds": self.rounds, "skipped": self.skipped, "pause_seconds": [round(x, 4) for x in self.pauses],
+                 "capture_seconds": [round(x, 4) for x in self.captures],
                  "write_seconds": [round(x, 4) for x in self.write_seconds], "snapshots": self.snapshots,
                  "bytes": sum(self._snap.bytes.values())}
         path = os.path.join(self._snap.model_dir, STATS_FILE)
@@ -175,11 +177,13 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
             if all(parked[i] >= epoch for i in others) or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_SECS)
+        parked_at = time.perf_counter()
         try:
             for listener in self._listeners:
                 listener.before_save(sess, self._last_step)
             with self._lock():
                 step = self._snap.capture(sess)
+            self.captures.append(time.perf_counter() - parked_at)
         finally:
             self._snap.release(sess, epoch)
         self.pauses.append(time.perf_counter() - started)
