@@ -49,6 +49,39 @@ class ShardQueue:
         self.records_trained = 0
         self.records_retrained = 0
         self.records_requeued = 0
+        # What exists of the records: all of them, or of a stream what arrived so far and whether it ended.
+        self._available = 0 if spec.stream else spec.total_records
+        self._closed = not spec.stream
+
+    # --- a stream's records as they arrive -------------------------------------
+
+    def extend(self, available: int, closed: bool) -> None:
+        """A stream now holds `available` records (offsets ``[0, available)``), and ended if `closed`.
+
+        Raises:
+          InvalidRequestError: not a stream, fewer records than before, more than the spec's
+            ``total_records``, or records added to (or reopening) a closed stream.
+        """
+        name = self.spec.name
+        if not self.spec.stream:
+            raise InvalidRequestError(f"dataset {name!r} is not a stream; rule: only streams are extended")
+        if not self._available <= available <= self.spec.total_records:
+            raise InvalidRequestError(
+                f"stream {name!r}: available={available}; rule: {self._available} <= available <= "
+                f"{self.spec.total_records} (records only arrive)")
+        if self._closed and (available != self._available or not closed):
+            raise InvalidRequestError(f"stream {name!r} is closed at {self._available} records; rule: a closed "
+                                      "stream neither grows nor reopens")
+        self._available, self._closed = available, closed
+
+    @property
+    def available(self) -> int:
+        return self._available
+
+    def _range(self, shard_id: int) -> tuple[int, int]:
+        """``(start, end)`` of a shard; a stream's last shard ends at the records that exist."""
+        _, start, end = self.spec.shard_range(shard_id)
+        return start, min(end, self._available) if self.spec.stream and self._closed else end
 
     # --- leasing -------------------------------------------------------------
 
@@ -65,7 +98,7 @@ class ShardQueue:
             shard_id = self._next_fresh()
             if shard_id is None:
                 return None
-            _, start, end = self.spec.shard_range(shard_id)
+            start, end = self._range(shard_id)
             lease = Lease(shard_id, 1, owner, generation, start, end)
         self._leases[lease.shard_id] = lease
         return lease
@@ -78,6 +111,12 @@ class ShardQueue:
         return lease
 
     def _next_fresh(self) -> int | None:
+        if self.spec.stream:  # the next shard in offset order, once its records exist
+            start = self._position * self.spec.shard_records
+            if start + self.spec.shard_records <= self._available or (self._closed and start < self._available):
+                self._position += 1
+                return self._position - 1
+            return None
         num_shards = self.spec.num_shards
         if self._position >= num_shards:
             self._epoch += 1
@@ -187,7 +226,10 @@ class ShardQueue:
 
     @property
     def finished(self) -> bool:
-        """True when every shard of every epoch is done or failed."""
+        """True when every shard of every epoch is done or failed (a stream: closed, and all of it)."""
+        if self.spec.stream:
+            issued_all = self._closed and self._position * self.spec.shard_records >= self._available
+            return issued_all and not self._pending and not self._leases
         exhausted = (self._epoch >= self.spec.num_epochs
                      or (self._epoch == self.spec.num_epochs - 1
                          and self._position >= self.spec.num_shards))
@@ -197,7 +239,7 @@ class ShardQueue:
         failed_ids = sorted(self._failed)
         return DataStats(
             dataset=self.spec.name,
-            records_total=self.spec.records_total,
+            records_total=self._available if self.spec.stream else self.spec.records_total,
             records_trained=self.records_trained,
             records_retrained=self.records_retrained,
             records_requeued=self.records_requeued,
@@ -219,9 +261,9 @@ class ShardQueue:
         num_shards = self.spec.num_shards
         for epoch in range(min(self._epoch + 1, self.spec.num_epochs)):
             issued = num_shards if epoch < self._epoch else self._position
-            for index in self._order(epoch)[:issued]:
+            for index in range(issued) if self.spec.stream else self._order(epoch)[:issued]:
                 shard_id = epoch * num_shards + index
-                _, start, end = self.spec.shard_range(shard_id)
+                start, end = self._range(shard_id)
                 yield shard_id, start, open_ends.get(shard_id, end)
 
     # --- checkpoint (saved with the model) -----------------------------------
@@ -284,7 +326,7 @@ class ShardQueue:
         rolled_back = 0
         after = {s: end for s, _, end in self.acknowledged_prefixes()}
         for shard_id, end in before.items():
-            _, start, _ = self.spec.shard_range(shard_id)
+            start, _ = self._range(shard_id)
             now = after.get(shard_id, start)
             if end > now:
                 rolled_back += end - now
@@ -301,6 +343,7 @@ class ShardQueue:
         data["recent_done"] = [[s, a, o] for (s, a), o in self._recent_done.items()]
         data["debt"] = [[s, a, b] for s, (a, b) in self._debt.items()]
         data["counters"] = [self.records_trained, self.records_retrained, self.records_requeued]
+        data["available"] = [self._available, self._closed]
         return data
 
     @classmethod
@@ -315,4 +358,6 @@ class ShardQueue:
         queue._debt = {int(s): (int(a), int(b)) for s, a, b in data["debt"]}
         (queue.records_trained, queue.records_retrained,
          queue.records_requeued) = (int(x) for x in data["counters"])
+        if "available" in data:  # a stream's watermark (older states: a dataset that is all there)
+            queue._available, queue._closed = int(data["available"][0]), bool(data["available"][1])
         return queue

@@ -56,6 +56,10 @@ class DatasetSpec:
         different permutation of the shards for every epoch.
       max_shard_failures: A shard released as failed more often than this
         is given up and counted in ``shards_failed``.
+      stream: The records arrive while the job trains (`tf_ecrec.data.stream`):
+        ``total_records`` is the most the index space may hold, and the queue
+        hands out only records that exist (`ShardQueue.extend`): full shards
+        while the stream is open, the last partial one once it is closed.
     """
 
     name: str
@@ -64,6 +68,7 @@ class DatasetSpec:
     num_epochs: int = 1
     shuffle_seed: int | None = None
     max_shard_failures: int = DEFAULT_MAX_SHARD_FAILURES
+    stream: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -75,6 +80,10 @@ class DatasetSpec:
             if not isinstance(value, int) or value < low:
                 raise InvalidRequestError(
                     f"dataset {self.name!r}: {field}={value!r}; rule: an integer >= {low}")
+        if self.stream and (self.num_epochs != 1 or self.shuffle_seed is not None):
+            raise InvalidRequestError(
+                f"dataset {self.name!r}: a stream with num_epochs={self.num_epochs}, shuffle_seed={self.shuffle_seed}; "
+                "rule: a stream is read once, in offset order (num_epochs 1, no shuffle)")
 
     @property
     def num_shards(self) -> int:
