@@ -148,3 +148,42 @@ def test_tf_cluster_needs_dense_indices() -> None:
         cluster.tf_cluster()
     dense = Cluster(3, 1, cluster.tasks[:1] + (TaskInfo("worker", 0, "b:1", 2, "lost"),))
     assert dense.tf_cluster() == {"ps": ["a:1"], "worker": ["b:1"]}
+
+
+def test_a_stream_is_served_as_its_records_arrive_and_survives_a_master_restart(tmp_path) -> None:
+    """A real master over gRPC: a stream dataset hands out only records the producer said arrived,
+    waits meanwhile, keeps its watermark across a restart, and ends once closed and trained."""
+    from tf_ecrec.errors import InvalidRequestError
+    from tf_ecrec.master.sharding import ShardStatus
+
+    state_dir = str(tmp_path / "state")
+    master = start_master(state_dir=state_dir, fsync=False)
+    try:
+        client = MasterClient(master.address, "worker", 0, timeout=5.0)
+        client.register("127.0.0.1:2000")
+        client.register_dataset("s", 1 << 40, 10, stream=True)
+        assert client.get_shard("s").status is ShardStatus.WAIT  # nothing arrived yet
+        assert client.extend_dataset("s", 25).records_total == 25
+        leases = [client.get_shard("s").lease for _ in range(2)]
+        assert [(x.start, x.end) for x in leases] == [(0, 10), (10, 20)]
+        for lease in leases:
+            client.report_progress(lease, lease.end - lease.start)
+        assert client.get_shard("s").status is ShardStatus.WAIT  # [20, 25): not a full shard, stream open
+        with pytest.raises(InvalidRequestError):
+            client.extend_dataset("s", 24)  # records only arrive
+    finally:
+        master.stop(grace=0)
+    master = start_master(port=master.port, state_dir=state_dir, fsync=False)
+    try:
+        client = MasterClient(master.address, "worker", 0, timeout=5.0)
+        client.register("127.0.0.1:2000")
+        assert client.data_state("s").records_total == 25  # the watermark came back with the state
+        client.extend_dataset("s", 25, closed=True)
+        last = client.get_shard("s").lease
+        assert (last.start, last.end) == (20, 25)
+        client.report_progress(last, 5)
+        assert client.get_shard("s").status is ShardStatus.END
+        stats = client.data_state("s")
+        assert stats.finished and stats.records_trained == 25
+    finally:
+        master.stop(grace=0)

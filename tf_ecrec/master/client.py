@@ -229,11 +229,12 @@ class MasterClient:
 
     def register_dataset(self, name: str, total_records: int, shard_records: int,
                          num_epochs: int = 1, *, shuffle_seed: int | None = None,
-                         max_shard_failures: int = 0) -> tuple[bool, DataStats]:
-        """Registers a dataset (idempotent); returns ``(created, stats)``."""
+                         max_shard_failures: int = 0, stream: bool = False) -> tuple[bool, DataStats]:
+        """Registers a dataset (idempotent); returns ``(created, stats)``.  A `stream`'s records are
+        handed out as `extend_dataset` says they arrived (`total_records`: the most it may hold)."""
         request = pb.RegisterDatasetRequest(name=name, total_records=total_records,
                                             shard_records=shard_records, num_epochs=num_epochs,
-                                            max_shard_failures=max_shard_failures)
+                                            max_shard_failures=max_shard_failures, stream=stream)
         if shuffle_seed is not None:
             request.shuffle_seed = shuffle_seed
         response = self._call("RegisterDataset", request)
@@ -309,6 +310,11 @@ class MasterClient:
         """Returns the dataset's progress as a blob to save with the model."""
         return self._call("GetShardCheckpoint",
                           pb.GetShardCheckpointRequest(dataset=dataset)).blob
+
+    def extend_dataset(self, dataset: str, available: int, closed: bool = False) -> DataStats:
+        """A stream's records ``[0, available)`` exist now; `closed`: no more will come."""
+        return data_stats_from_pb(self._call("ExtendDataset", pb.ExtendDatasetRequest(
+            name=dataset, available=available, closed=closed)))
 
     def restore_shard_checkpoint(self, dataset: str, blob: bytes) -> DataStats:
         """Rolls the dataset back to ``blob``; every current lease is revoked."""

@@ -153,7 +153,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             name=request.name, total_records=request.total_records,
             shard_records=request.shard_records, num_epochs=request.num_epochs,
             shuffle_seed=request.shuffle_seed if request.HasField("shuffle_seed") else None,
-            max_shard_failures=request.max_shard_failures or DEFAULT_MAX_SHARD_FAILURES)
+            max_shard_failures=request.max_shard_failures or DEFAULT_MAX_SHARD_FAILURES, stream=request.stream)
         created, stats = self._state.register_dataset(spec)
         return pb.RegisterDatasetResponse(created=created, state=data_state_pb(stats))
 
@@ -192,3 +192,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                                context: Any) -> pb.RestoreShardCheckpointResponse:
         stats = self._state.restore_shard_checkpoint(request.dataset, request.blob)
         return pb.RestoreShardCheckpointResponse(state=data_state_pb(stats))
+
+    @_rpc
+    def ExtendDataset(self, request: pb.ExtendDatasetRequest, context: Any) -> pb.DataState:
+        return data_state_pb(self._state.extend_dataset(request.name, request.available, request.closed))

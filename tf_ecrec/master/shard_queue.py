@@ -78,6 +78,10 @@ class ShardQueue:
     def available(self) -> int:
         return self._available
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _range(self, shard_id: int) -> tuple[int, int]:
         """``(start, end)`` of a shard; a stream's last shard ends at the records that exist."""
         _, start, end = self.spec.shard_range(shard_id)

@@ -154,20 +154,32 @@ class BarrierResponse(_message.Message):
     def __init__(self, arrived: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterDatasetRequest(_message.Message):
-    __slots__ = ("name", "total_records", "shard_records", "num_epochs", "shuffle_seed", "max_shard_failures")
+    __slots__ = ("name", "total_records", "shard_records", "num_epochs", "shuffle_seed", "max_shard_failures", "stream")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SHARD_RECORDS_FIELD_NUMBER: _ClassVar[int]
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_SHARD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     name: str
     total_records: int
     shard_records: int
     num_epochs: int
     shuffle_seed: int
     max_shard_failures: int
-    def __init__(self, name: _Optional[str] = ..., total_records: _Optional[int] = ..., shard_records: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle_seed: _Optional[int] = ..., max_shard_failures: _Optional[int] = ...) -> None: ...
+    stream: bool
+    def __init__(self, name: _Optional[str] = ..., total_records: _Optional[int] = ..., shard_records: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle_seed: _Optional[int] = ..., max_shard_failures: _Optional[int] = ..., stream: bool = ...) -> None: ...
+
+class ExtendDatasetRequest(_message.Message):
+    __slots__ = ("name", "available", "closed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    available: int
+    closed: bool
+    def __init__(self, name: _Optional[str] = ..., available: _Optional[int] = ..., closed: bool = ...) -> None: ...
 
 class RegisterDatasetResponse(_message.Message):
     __slots__ = ("created", "state")

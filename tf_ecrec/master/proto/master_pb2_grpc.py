@@ -79,6 +79,11 @@ class MasterStub(object):
                 request_serializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.ShardCheckpoint.SerializeToString,
                 response_deserializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.RestoreShardCheckpointResponse.FromString,
                 )
+        self.ExtendDataset = channel.unary_unary(
+                '/tf_ecrec.master.v1.Master/ExtendDataset',
+                request_serializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.ExtendDatasetRequest.SerializeToString,
+                response_deserializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.DataState.FromString,
+                )
 
 
 class MasterServicer(object):
@@ -164,6 +169,13 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExtendDataset(self, request, context):
+        """A stream's records arrived (offsets [0, available)), or it ended (closed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +243,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RestoreShardCheckpoint,
                     request_deserializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.ShardCheckpoint.FromString,
                     response_serializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.RestoreShardCheckpointResponse.SerializeToString,
+            ),
+            'ExtendDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendDataset,
+                    request_deserializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.ExtendDatasetRequest.FromString,
+                    response_serializer=tf__ecrec_dot_master_dot_proto_dot_master__pb2.DataState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -460,5 +477,22 @@ class Master(object):
         return grpc.experimental.unary_unary(request, target, '/tf_ecrec.master.v1.Master/RestoreShardCheckpoint',
             tf__ecrec_dot_master_dot_proto_dot_master__pb2.ShardCheckpoint.SerializeToString,
             tf__ecrec_dot_master_dot_proto_dot_master__pb2.RestoreShardCheckpointResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExtendDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/tf_ecrec.master.v1.Master/ExtendDataset',
+            tf__ecrec_dot_master_dot_proto_dot_master__pb2.ExtendDatasetRequest.SerializeToString,
+            tf__ecrec_dot_master_dot_proto_dot_master__pb2.DataState.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -15,8 +15,7 @@ unacknowledged records are re-queued) and bumps ``version`` (and ``ps_version``
 for a PS).  Its later requests fail with :class:`~tf_ecrec.errors.MembershipLost`;
 it must register again and gets a new generation.
 
-The lock is held while a snapshot is written (a few KB, no network) and is
-never held across an RPC; barrier waits release it.
+The lock is held while a snapshot is written (a few KB, no network), never across an RPC.
 """
 
 from __future__ import annotations
@@ -66,10 +65,9 @@ class MasterState:
     def __init__(self, store: SnapshotStore | None = None, *,
                  heartbeat_timeout: float = 10.0, liveness: Liveness | str = Liveness.HEARTBEAT,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if liveness not in tuple(Liveness):
-            raise ValueError(f"liveness={liveness!r}; rule: 'heartbeat' or 'external'")
-        if heartbeat_timeout <= 0:
-            raise ValueError(f"heartbeat_timeout={heartbeat_timeout}; rule: > 0")
+        if liveness not in tuple(Liveness) or heartbeat_timeout <= 0:
+            raise ValueError(f"liveness={liveness!r}, heartbeat_timeout={heartbeat_timeout}; rule: 'heartbeat' or "
+                             "'external', and a timeout > 0")
         self._clock = clock
         self._store = store
         self._lock = threading.RLock()
@@ -81,9 +79,8 @@ class MasterState:
         data = store.load() if store else None
         if data is not None:
             self._load(data)
-            _LOG.info("Restored master state from %s: version %d, %d tasks, %d datasets",
-                      store.path if store else "", self._tasks.version, len(self._tasks.records),
-                      len(self._datasets))
+            _LOG.info("Restored master state from %s: version %d, %d tasks, %d datasets", store.path if store else "",
+                      self._tasks.version, len(self._tasks.records), len(self._datasets))
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -102,13 +99,9 @@ class MasterState:
     def to_dict(self) -> dict[str, Any]:
         """The snapshot: JSON-serializable, in the format :class:`SnapshotStore` keeps."""
         with self._lock:
-            return {
-                "format": _STATE_FORMAT, "version": self._tasks.version,
-                "ps_version": self._tasks.ps_version,
-                "tasks": [t.to_dict() for t in self._tasks.records.values()],
-                "datasets": self._datasets.to_list(),
-                "barriers": self._barriers.to_list(),
-            }
+            return {"format": _STATE_FORMAT, "version": self._tasks.version, "ps_version": self._tasks.ps_version,
+                    "tasks": [t.to_dict() for t in self._tasks.records.values()],
+                    "datasets": self._datasets.to_list(), "barriers": self._barriers.to_list()}
 
     def _load(self, data: Any) -> None:
         if not isinstance(data, dict) or data.get("format") != _STATE_FORMAT:
@@ -207,11 +200,8 @@ class MasterState:
             return self._tasks.version, self._tasks.ps_version
 
     def declare_lost(self, task_id: str, reason: str, generation: int = 0) -> int:
-        """Declares a task LOST; returns the records given back.
-
-        ``generation`` 0 means the current one.  Declaring a task that is
-        not ALIVE (or an older generation) changes nothing.
-        """
+        """Declares a task LOST; returns the records given back.  ``generation`` 0 means the current
+        one; a task not ALIVE (or an older generation) is left as it is."""
         with self._lock:
             record = self._tasks.records.get(task_id)
             if record is None:
@@ -347,12 +337,20 @@ class MasterState:
     def restore_shard_checkpoint(self, dataset: str, blob: bytes) -> DataStats:
         """Rolls a dataset back to a blob from :meth:`shard_checkpoint`."""
         with self._lock:
-            rolled_back, stats = self._datasets.restore(dataset, blob,
-                                                        self._tasks.records.values())
+            rolled_back, stats = self._datasets.restore(dataset, blob, self._tasks.records.values())
             self._persist()
-            _LOG.info("Restored shard checkpoint of %r: %d acknowledged records rolled back",
-                      dataset, rolled_back)
-            return stats
+        _LOG.info("Restored shard checkpoint of %r: %d acknowledged records rolled back", dataset, rolled_back)
+        return stats
+
+    def extend_dataset(self, dataset: str, available: int, closed: bool) -> DataStats:
+        """A stream's records arrived (offsets ``[0, available)``), or it ended (`ShardQueue.extend`)."""
+        with self._lock:
+            queue = self._datasets.queue(dataset)
+            before = (queue.available, queue.closed)
+            queue.extend(available, closed)
+            if (available, closed) != before:
+                self._persist()
+            return queue.stats()
 
     # --- barriers --------------------------------------------------------------
 
