@@ -116,11 +116,12 @@ class LeasedData:
         self.failure: BaseException | None = None
 
     def register(self, records_per_epoch: int, shard_records: int, epochs: int,
-                 max_shard_failures: int = MAX_SHARD_FAILURES) -> None:
-        """Registers the dataset (idempotent: every trainer does it, the same way)."""
+                 max_shard_failures: int = MAX_SHARD_FAILURES, stream: bool = False) -> None:
+        """Registers the dataset (idempotent: every trainer does it, the same way); a `stream`'s records
+        are leased as they arrive (`tf_ecrec.data.stream`)."""
         self._records_per_epoch = records_per_epoch
         created, stats = self.client.register_dataset(
-            self.name, records_per_epoch, shard_records, epochs, max_shard_failures=max_shard_failures,
+            self.name, records_per_epoch, shard_records, epochs, max_shard_failures=max_shard_failures, stream=stream,
         )
         _LOG.info("Dataset %r %s: %d records (%d x %d epochs), %d trained so far", self.name,
                   "registered" if created else "already registered", stats.records_total, records_per_epoch, epochs,

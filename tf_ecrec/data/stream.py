@@ -29,6 +29,8 @@ from tf_ecrec.errors import ConfigError, DataError
 
 CLOSED = "_CLOSED"
 SUFFIX = ".tsv"
+CAPACITY = 1 << 50
+"""The most records a stream's index space holds (its master dataset's ``total_records``)."""
 
 
 class PartitionedStream(Protocol):
@@ -114,6 +116,18 @@ class StreamDirectory:
             if lo < hi:
                 out.extend(files.read_lines(lo - self._first[i], hi - self._first[i]))
         return out
+
+    # As a source of TSV lines by record index (the leased pipeline reads it like `CriteoFiles`).
+
+    @property
+    def num_records(self) -> int:
+        return self._first[-1]
+
+    def read_lines(self, start: int, end: int) -> list[bytes]:
+        return self.read(self.PARTITION, start, end)
+
+    def describe(self) -> str:
+        return f"stream({self.path}; records={self._first[-1]}{', closed' if self._closed else ''})"
 
     def _check(self, partition: str) -> None:
         if partition != self.PARTITION:

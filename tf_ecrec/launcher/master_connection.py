@@ -179,6 +179,11 @@ class MasterConnection:
 
     def register_dataset(self, num_records: int) -> None:
         """Registers the job's dataset (idempotent: every trainer does it, the same way)."""
+        if self.job.stream_dir is not None:  # records arrive while the job trains; the launcher extends it
+            from tf_ecrec.data.stream import CAPACITY
+
+            self.data.register(CAPACITY, self.job.shard_batches * self.job.batch_size, 1, stream=True)
+            return
         per_epoch, epochs = dataset_shape(self.job, num_records)
         self.data.register(per_epoch, self.job.shard_batches * self.job.batch_size, epochs)
 

@@ -205,6 +205,10 @@ class MasterWatch:
         self.generations: dict[str, int] = {}  # task -> generation last seen alive
         self.reachable = True
 
+    def extend(self, available: int, closed: bool) -> None:
+        """The stream dataset's records ``[0, available)`` exist (`closed`: all of them)."""
+        self._client.extend_dataset(self._dataset, available, closed)
+
     def connect(self, timeout: float = CONNECT_TIMEOUT_SECS) -> None:
         """Checks the master answers (and accepts the token), then starts the membership watch.
 

@@ -161,10 +161,13 @@ class JobSpec:
                f"--model {self.model!r} is neither one of {MODELS} nor a module path such as my_pkg.my_model",
                "--model")
         _check(
-            self.data == "synthetic" or (self.data.startswith("criteo:") and len(self.data) > len("criteo:")),
-            f"--data {self.data!r} must be 'synthetic' or 'criteo:PATH[,PATH...]'",
+            self.data == "synthetic" or any(self.data.startswith(p) and len(self.data) > len(p) for p in ("criteo:", "stream:")),
+            f"--data {self.data!r} must be 'synthetic', 'criteo:PATH[,PATH...]' or 'stream:DIR'",
             "--data",
         )
+        _check(self.stream_dir is None or (self.uses_master and self.strategy is Strategy.ESTIMATOR),
+               f"--data {self.data}: a stream is sharded by the job master, for Estimator trainers (not with "
+               "--no-master, --deterministic or --strategy pss)", "--data")
         _check(self.ps >= 1, f"--ps {self.ps} must be >= 1 (a PS job needs a parameter server)", "--ps")
         _check(self.workers >= 1, f"--workers {self.workers} must be >= 1 (the chief counts as one)", "--workers")
         _check(self.steps >= 1, f"--steps {self.steps} must be >= 1", "--steps")
@@ -338,6 +341,11 @@ class JobSpec:
     def added_at(self, task: str) -> int | None:
         """The --add-worker step of an added slot ("worker:I"), None for the initial tasks."""
         return elastic.added_at(self, task)
+
+    @property
+    def stream_dir(self) -> str | None:
+        """``--data stream:DIR``: the directory whose files arrive while the job trains (`tf_ecrec.data.stream`)."""
+        return self.data[len("stream:") :] if self.data.startswith("stream:") else None
 
     @property
     def criteo_paths(self) -> list[str]:

@@ -84,6 +84,7 @@ from tf_ecrec.launcher.run_record import RunRecord, write_report
 from tf_ecrec.launcher.run_state import RunState
 from tf_ecrec.launcher.spec import JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
+from tf_ecrec.launcher.stream_feed import StreamFeed
 from tf_ecrec.master.server import read_token
 
 _LOG = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class Supervisor:
         self._actions = FaultActions(self._run)
         self._driver: MasterDriver | None = None
         self._scaling: AutoScaling | None = None
+        self._stream: StreamFeed | None = None
         self._token: str | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -184,6 +186,8 @@ class Supervisor:
         self._run.watch = MasterWatch(address, self._token, DATASET)
         self._run.watch.connect()
         self._driver = MasterDriver(self._run, self._actions.lost)
+        if self.job.stream_dir is not None:
+            self._stream = StreamFeed(self.job.stream_dir, self._run.watch, self.job.on_corrupt.value)
         scaling = self.job.scaling
         if scaling is not None:
             self._scaling = AutoScaling(self._run, scaling, LocalScaler(self._run, LEAVE_TIMEOUT_SECS))
@@ -220,6 +224,10 @@ class Supervisor:
                 self._driver.drive(now)
                 if self._scaling is not None:
                     self._scaling.drive(now, self._driver.data_state())
+                if self._stream is not None:
+                    self._stream.drive(now)
+                    if self._stream.idle(self._driver.data_state()):
+                        last_progress = now  # waiting for the stream's next file is not a stall
             if self._run.errors:
                 raise LaunchError("; ".join(self._run.errors))
             # Slots still waiting for --add-worker are not waited for: the data is done.
