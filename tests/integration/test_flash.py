@@ -37,7 +37,7 @@ def _run(target, seeds, tmp_path, **kwargs):
 
 
 def test_captures_and_losses_beyond_r_restore_exactly_from_memory(cluster, tmp_path):
-    stats, flash = _run(cluster.target("chief"), [11, 12, 13, 14], tmp_path, k=2, r=1, num_ps=3, ticks=900)
+    stats, flash = _run(cluster.target("chief"), [11, 14], tmp_path, k=2, r=1, num_ps=3, ticks=600)
     assert stats.violations == []
     # the sequences did what they are for
     assert flash.captures >= 4 and flash.captures_dropped >= 4, flash
@@ -46,7 +46,7 @@ def test_captures_and_losses_beyond_r_restore_exactly_from_memory(cluster, tmp_p
 
 
 def test_two_plus_two_loses_three_and_restores_from_memory(cluster, tmp_path):
-    stats, flash = _run(cluster.target("chief"), [21, 22], tmp_path, k=2, r=2, num_ps=4, ticks=700)
+    stats, flash = _run(cluster.target("chief"), [21], tmp_path, k=2, r=2, num_ps=4, ticks=500)
     assert stats.violations == []
     assert flash.captures >= 2 and flash.memory_restores >= 1, flash
 
