@@ -9,7 +9,8 @@ and takes the last one back when it did not:
   ``min_gain`` (a fraction of the rate at n - 1, 10 % by default), the job is bound elsewhere (the
   PS tasks, the machine): remove one and never grow past n - 1 again;
 - otherwise, if n < ``max_workers`` and the data left would take longer than ``tail_secs`` at the
-  current rate, add one (a trainer started for the last seconds of the data only costs its start);
+  current rate (two windows by default), add one (a trainer started for the last seconds of the
+  data only costs its start);
 - a window starts when the trainer count the launcher reports has been stable (every trainer
   counted has trained a step), so a trainer's start-up is never measured.
 
@@ -34,14 +35,16 @@ class ScalingConfig:
     max_workers: int
     window_secs: float = 15.0
     min_gain: float = 0.10
-    tail_secs: float = 30.0
+    tail_secs: float | None = None  # None: two windows (a trainer added later would barely be measured)
 
     def __post_init__(self) -> None:
+        if self.tail_secs is None:
+            object.__setattr__(self, "tail_secs", 2 * self.window_secs)
         source = "--min-workers/--max-workers/--autoscale-window"
         if not 1 <= self.min_workers <= self.max_workers:
             raise ConfigError(f"min_workers={self.min_workers}, max_workers={self.max_workers}; rule: "
                               f"1 <= min <= max; source: {source}")
-        if not self.window_secs > 0 or not self.min_gain >= 0 or not self.tail_secs >= 0:
+        if not self.window_secs > 0 or not self.min_gain >= 0 or not float(self.tail_secs or 0) >= 0:
             raise ConfigError(f"window_secs={self.window_secs}, min_gain={self.min_gain}, tail_secs={self.tail_secs}; "
                               f"rule: window > 0, gain >= 0, tail >= 0; source: {source}")
 
@@ -89,7 +92,7 @@ class AutoScaler:
                                 f"{below:,.0f}: the last one gained less than {cfg.min_gain:.0%}")
         if workers >= min(self.ceiling, cfg.max_workers):
             return None
-        if remaining is not None and rate > 0 and remaining / rate < cfg.tail_secs:
+        if remaining is not None and rate > 0 and remaining / rate < float(cfg.tail_secs or 0):
             return None
         return self._decide(+1, workers, f"{workers} trainers train {rate:,.0f} records/s; trying {workers + 1}")
 
