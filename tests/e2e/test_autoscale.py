@@ -10,7 +10,7 @@ from conftest import cli
 def test_the_job_scales_its_trainers_within_bounds_and_loses_no_record(tmp_path):
     result = cli("run", "--model-dir", str(tmp_path), "--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3",
                  "--workers", "1", "--min-workers", "1", "--max-workers", "3", "--autoscale-window", "5",
-                 "--steps", "2000", "--table-rows", "2000", "--embedding-dim", "8", "--quiet")
+                 "--steps", "1500", "--table-rows", "2000", "--embedding-dim", "8", "--quiet")
     assert result.returncode == 0, result.stderr[-4000:]
     with open(os.path.join(tmp_path, "report.json"), encoding="utf-8") as fh:
         report = json.load(fh)
