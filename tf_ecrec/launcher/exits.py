@@ -82,10 +82,6 @@ class ExitWatch:
         return classify(code, hung=hung, oom_kills=oom_kills, log_tail=task.tail(40),
                         limit_mb=self._limit_mb.get(task.name))
 
-    def restart(self, task: TaskProcess, diagnosis: Diagnosis) -> dict[str, object]:
-        """The crash event's ``diagnosis`` for `task`, restarted after `diagnosis` (with the action taken)."""
-        return diagnosis.as_dict() | {"action": self.act(task, diagnosis)}
-
     def act(self, task: TaskProcess, diagnosis: Diagnosis) -> str:
         """What restarting `task` after `diagnosis` involves (a larger memory limit after an OOM)."""
         old = self._limit_mb.get(task.name)

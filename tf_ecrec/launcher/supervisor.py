@@ -217,7 +217,7 @@ class Supervisor:
             self._check_processes()
             for task in self._exits.drive(now):  # hung trainers, killed: restarted like a crash
                 diagnosis = self._exits.diagnose(task, task.process.returncode if task.process else -9)
-                self._actions.crashed(task, 9, self._exits.restart(task, diagnosis))
+                self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
             self._run.record.sample_memory(now, self._run.table.every_process())
             self._actions.drive(now)
             if self._driver is not None:
@@ -311,7 +311,7 @@ class Supervisor:
             diagnosis = self._exits.diagnose(task, code)
             if task.state is TaskState.RUNNING and (code < 0 or diagnosis.kind is ExitKind.OOM):
                 # died from a signal (the OOM killer, a failpoint) or of an allocation failure: restart it
-                self._actions.crashed(task, -code if code < 0 else 0, self._exits.restart(task, diagnosis))
+                self._actions.crashed(task, -code if code < 0 else 0, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
                 continue
             self._run.event(EventKind.EXIT, task.name, code=code, diagnosis=diagnosis.as_dict())
             if task.state is TaskState.LEAVING:
