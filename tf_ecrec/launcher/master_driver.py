@@ -11,6 +11,11 @@
 - ``--add-worker step=N`` starts a pre-allocated worker slot at step N;
   ``--remove-worker worker:I@step=N`` sends SIGTERM: the worker finishes its
   step, flushes its progress and leaves (SIGKILL after `LEAVE_TIMEOUT_SECS`).
+- A trainer still running `FINISHED_GRACE_SECS` after the dataset is
+  finished and the chief has ended is asked to leave (SIGTERM, SIGKILL after
+  `FINISHED_LEAVE_SECS`): it has nothing left to train, and a worker
+  restarted late (after a hang or a crash) can otherwise wait for a chief
+  that is gone, holding the run open.
 - The dataset's counters, for the progress line and the report.
 """
 
@@ -29,6 +34,8 @@ LOST_GRACE_SECS = 3.0  # a task out of the master's view this long, process aliv
 DONE_EXIT_GRACE_SECS = 30.0  # the same for a trainer that reported "done" and left the view
 LEAVE_TIMEOUT_SECS = 60.0  # --remove-worker: SIGKILL a worker that has not left by then
 FINAL_DATA_TIMEOUT_SECS = 60.0
+FINISHED_GRACE_SECS = 30.0  # a trainer still running this long after the data and the chief are done: leave
+FINISHED_LEAVE_SECS = 10.0  # ... and SIGKILL if it has not left this long after SIGTERM
 
 
 class MasterDriver:
@@ -45,6 +52,7 @@ class MasterDriver:
         self._suspects: dict[str, float] = {}  # task -> when it left the master's view
         self._removed: set[str] = set()
         self._data_seen: tuple[float, Any] = (0.0, None)
+        self._finished_at: float | None = None  # when the data and the chief were first seen done
 
     def drive(self, now: float) -> None:
         """Membership, failure reports and elastic workers; see the module docstring."""
@@ -71,6 +79,7 @@ class MasterDriver:
                     self._lost(task)
         watch.flush_reports()
         self._drive_elastic(now)
+        self._drive_finished(now)
 
     def _drive_elastic(self, now: float) -> None:
         for task in self._run.tasks.values():
@@ -88,17 +97,39 @@ class MasterDriver:
                 self._run.event(EventKind.REMOVE, task.name)
                 self._run.console.print(f"asked {task.name} to leave at global step {self._run.global_step}")
         for task in self._run.tasks.values():
-            if task.state is TaskState.LEAVING and now >= task.leave_deadline and task.process is not None:
+            # A process that exited is the supervisor's to count (it saw the exit).
+            if task.state is TaskState.LEAVING and now >= task.leave_deadline and task.process is not None and task.alive:
                 task.process.kill()
                 task.process.wait()
                 task.state = TaskState.REMOVED
                 self._run.event(EventKind.EXIT, task.name, code=task.process.returncode)
-                self._run.watch_report(task.name, f"did not leave within {LEAVE_TIMEOUT_SECS:g}s of SIGTERM")
+                self._run.watch_report(task.name, "did not leave by its deadline after SIGTERM")
 
-    def data_state(self, max_age: float = 2.0) -> Any:
-        """The master's dataset counters, at most `max_age` seconds old (None if unknown)."""
+    def _drive_finished(self, now: float) -> None:
+        chief = self._run.tasks.get("chief:0")
+        if chief is None or chief.state is not TaskState.DONE:
+            return
+        if self._finished_at is None:
+            stats = self.data_state(now=now)
+            if stats is None or not stats.finished:
+                return
+            self._finished_at = now
+        if now - self._finished_at < FINISHED_GRACE_SECS:
+            return
+        for task in self._run.table.trainers():
+            if task.state is TaskState.RUNNING and task.process is not None:
+                task.process.terminate()
+                task.state, task.leave_deadline = TaskState.LEAVING, now + FINISHED_LEAVE_SECS
+                self._run.event(EventKind.REMOVE, task.name, reason="the data is finished and the chief ended")
+                self._run.console.print(
+                    f"asked {task.name} to leave: still running {FINISHED_GRACE_SECS:g} s after the data was "
+                    "finished and the chief ended"
+                )
+
+    def data_state(self, max_age: float = 2.0, now: float | None = None) -> Any:
+        """The master's dataset counters, at most `max_age` seconds old at `now` (None if unknown)."""
         at, stats = self._data_seen
-        now = time.time()
+        now = time.time() if now is None else now
         if self._run.watch is not None and now - at >= max_age:
             if not (self._run.master is not None and self._run.master.killed):
                 stats = self._run.watch.data_state() or stats
