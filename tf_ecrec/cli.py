@@ -69,7 +69,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--checkpoint-secs", type=float, default=None, help="checkpoint every S seconds")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--flash-checkpoint-steps", type=int, default=None,
-                   help="with ecrec: snapshot every PS into shared memory every N global steps (tf_ecrec.flash)")
+                   help="with ecrec or flash: snapshot every PS into shared memory every N global steps "
+                   "(tf_ecrec.flash; --fault-tolerance flash: 100 when no interval is given)")
     g.add_argument("--flash-checkpoint-secs", type=float, default=None, help="the same every S seconds")
     p.add_argument(
         "--kill",

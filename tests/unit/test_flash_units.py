@@ -110,15 +110,22 @@ def test_trainer_indices_put_the_chief_first():
     assert trainer_index(_run_config("worker", 1, no_chief, False)) == (1, 2)
 
 
-def test_the_launcher_takes_a_flash_interval_with_ecrec_only():
+def test_the_launcher_takes_a_flash_interval_with_ecrec_or_flash_only():
     job = JobSpec(fault_tolerance="ecrec", flash_checkpoint_steps=100)
     assert job.flash == FlashConfig(every_steps=100)
     assert JobSpec(fault_tolerance="ecrec").flash is None
     assert JobSpec.from_json(job.to_json()).flash == job.flash
+    # flash on its own: every 100 steps unless told, no stock checkpoints unless told
+    assert JobSpec(fault_tolerance="flash").flash == FlashConfig(every_steps=100)
+    assert JobSpec(fault_tolerance="flash", flash_checkpoint_secs=5.0).flash == FlashConfig(every_secs=5.0)
+    assert JobSpec(fault_tolerance="flash").checkpoint_interval == {"save_checkpoints_steps": None,
+                                                                    "save_checkpoints_secs": None}
     for bad in ({"fault_tolerance": "checkpoint", "flash_checkpoint_steps": 100},
                 {"fault_tolerance": "ecrec", "flash_checkpoint_steps": 0},
+                {"fault_tolerance": "flash", "flash_checkpoint_steps": 0},
                 {"fault_tolerance": "ecrec", "flash_checkpoint_steps": 10, "flash_checkpoint_secs": 1.0},
-                {"fault_tolerance": "ecrec", "strategy": "pss", "flash_checkpoint_secs": 1.0}):
+                {"fault_tolerance": "ecrec", "strategy": "pss", "flash_checkpoint_secs": 1.0},
+                {"fault_tolerance": "flash", "strategy": "pss"}):
         with pytest.raises(ConfigError):
             JobSpec(**bad)
 

@@ -12,6 +12,11 @@ round's files are still being written, or when the capture saw a step in flight.
 call, no extra round trip); when a round was requested it records itself parked after its step
 and waits for the release, at most ``wait_secs`` (then it goes on: the capture's own check keeps
 a late trainer from spoiling a snapshot, it only gets the round skipped).
+
+Jobs without delta logs (``--fault-tolerance flash``) run strict rounds (``strict=True``): the
+capture cannot see a step in flight there, so it starts only once every trainer with a session is
+parked, and it counts only if no trainer wrote its slot meanwhile (docs/flash.md, "Without erasure
+coding").
 """
 
 from __future__ import annotations
@@ -50,7 +55,13 @@ def trainer_index(config: Any) -> tuple[int, int]:
 
 
 class FlashGateHook(tf.compat.v1.train.SessionRunHook):
-    """A non-chief trainer's part of a round: park at a step boundary while the chief captures."""
+    """A non-chief trainer's part of a round: park at a step boundary while the chief captures.
+
+    Every write to its slot is counted (`FlashSnapshots.slots`), and the hook writes before any step
+    it takes outside a round's pause: PRESENT when its session is created (then, if a round is open,
+    it parks before its first step), PRESENT again when it stops waiting for a release that did not
+    come within ``wait_secs``, ABSENT when its session ends.
+    """
 
     def __init__(self, snapshots: FlashSnapshots, trainer: int, wait_secs: float = 10.0) -> None:
         self._snap = snapshots
@@ -58,11 +69,14 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
         self._wait = float(wait_secs)
         self._parked_at = 0
         self.parks = 0
+        self.timeouts = 0
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         # Present: the chief waits for this trainer to park (a slot never started, or left, is not waited for).
-        if int(self._snap.parked(session)[self._trainer]) < PRESENT:
-            self._snap.park(session, self._trainer, PRESENT)
+        self._snap.park(session, self._trainer, PRESENT)
+        requested, released = self._snap.gate(session)
+        if requested > released:  # a round began before this session: park before the first step
+            self._park_for(session, requested)
 
     def end(self, session: Any) -> None:
         try:
@@ -75,14 +89,21 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         requested, released = (int(x) for x in run_values.results)
-        if requested <= released or requested <= self._parked_at:
-            return
-        sess = run_context.session
+        if requested > released and requested > self._parked_at:
+            self._park_for(run_context.session, requested)
+
+    def _park_for(self, sess: Any, requested: int) -> None:
         self._parked_at = requested
         self._snap.park(sess, self._trainer, requested)
         self.parks += 1
         deadline = time.monotonic() + self._wait
-        while self._snap.gate(sess)[1] < requested and time.monotonic() < deadline:
+        while self._snap.gate(sess)[1] < requested:
+            if time.monotonic() >= deadline:
+                # Counted: a capture still running when this trainer steps again is dropped, not spoiled.
+                self._snap.park(sess, self._trainer, PRESENT)
+                self.timeouts += 1
+                _LOG.warning("flash checkpoint round %d not released within %.1f s: training on", requested, self._wait)
+                return
             time.sleep(POLL_SECS)
 
 
@@ -97,11 +118,15 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
       listeners: `CheckpointSaverListener`s: ``before_save`` runs while the trainers are parked,
         before the capture (what it records, e.g. the data's progress, is then never ahead of
         the snapshot), ``after_save`` with the snapshot's global step once it is complete.
+      strict: for jobs without delta logs (`tf_ecrec.flash.stock`), whose capture cannot see a
+        step in flight: a round captures only once every other trainer's slot is parked for it or
+        absent, and the capture counts only if no slot was written meanwhile (`FlashSnapshots.slots`).
     """
 
     def __init__(self, snapshots: FlashSnapshots, lock: Callable[[], Any], busy: Callable[[], bool],
-                 trainer: int = 0, listeners: Sequence[Any] = ()) -> None:
+                 trainer: int = 0, listeners: Sequence[Any] = (), strict: bool = False) -> None:
         self._snap = snapshots
+        self._strict = bool(strict)
         self._config = snapshots.config
         self._lock = lock
         self._busy = busy
@@ -169,21 +194,18 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
             self._slot = self._free_slot(sess)
         started = time.perf_counter()
         self._snap.request(sess, epoch)
-        parked = self._snap.parked(sess)
-        others = [i for i in range(self._snap.num_trainers) if i != self._trainer and parked[i] >= PRESENT]
-        deadline = time.monotonic() + self._config.park_secs
-        while others:
-            parked = self._snap.parked(sess)
-            if all(parked[i] >= epoch for i in others) or time.monotonic() >= deadline:
-                break
-            time.sleep(POLL_SECS)
+        activity = self._park_all(sess, epoch)
         parked_at = time.perf_counter()
+        step = None
         try:
-            for listener in self._listeners:
-                listener.before_save(sess, self._last_step)
-            with self._lock():
-                step = self._snap.capture(sess)
-            self.captures.append(time.perf_counter() - parked_at)
+            if activity is not None:
+                for listener in self._listeners:
+                    listener.before_save(sess, self._last_step)
+                with self._lock():
+                    step = self._snap.capture(sess)
+                if step is not None and not self._quiet(sess, activity):
+                    step = None  # a trainer started, left or stopped waiting during the capture
+                self.captures.append(time.perf_counter() - parked_at)
         finally:
             self._snap.release(sess, epoch)
         self.pauses.append(time.perf_counter() - started)
@@ -191,7 +213,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self._last_time = time.monotonic()
         if step is None:
             self.skipped += 1
-            _LOG.info("flash checkpoint round %d skipped: a step was in flight", epoch)
+            _LOG.info("flash checkpoint round %d skipped: %s", epoch,
+                      "a step was in flight" if activity is not None else "a trainer did not park")
             return None
         self._last_step = step
         slot = self._slot
@@ -203,6 +226,27 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
                                         name="ec-flash-writer", daemon=True)
         self._writer.start()
         return step
+
+    def _park_all(self, sess: Any, epoch: int) -> int | None:
+        """Waits (at most ``park_secs``) for the other trainers to park for `epoch`; returns the slots'
+        write count then, or None when a strict round must not capture (one did not park)."""
+        slots, activity = self._snap.slots(sess)
+        others = [i for i in range(self._snap.num_trainers) if i != self._trainer and slots[i] >= PRESENT]
+        deadline = time.monotonic() + self._config.park_secs
+        while True:
+            # Strict: every slot, also one that became present meanwhile (it parks before its first step).
+            waited = [i for i in range(self._snap.num_trainers) if i != self._trainer and slots[i] != ABSENT] \
+                if self._strict else others
+            if all(slots[i] >= epoch for i in waited):
+                return activity
+            if time.monotonic() >= deadline:
+                return None if self._strict else activity
+            time.sleep(POLL_SECS)
+            slots, activity = self._snap.slots(sess)
+
+    def _quiet(self, sess: Any, activity: int) -> bool:
+        """Strict rounds: no trainer wrote its slot since `activity` was read (always True otherwise)."""
+        return not self._strict or self._snap.slots(sess)[1] == activity
 
     def _write(self, sess: Any, epoch: int, step: int, slot: int, tiers: list[Tier]) -> None:
         started = time.perf_counter()

@@ -106,7 +106,8 @@ class FlashSnapshots:
             self._epoch = tf.compat.v1.placeholder(tf.int64, [], name="epoch")
             self._trainer = tf.compat.v1.placeholder(tf.int32, [], name="trainer")
             gate = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[2], shared_name="ec_flash_gate", name="gate")
-            parked = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[self.num_trainers], shared_name="ec_flash_parked",
+            # One slot per trainer, then the count of every write to a slot (`activity`).
+            parked = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[self.num_trainers + 1], shared_name="ec_flash_parked",
                                             name="parked")
             self._gate_handles = [gate, parked]
             self.gate_value = tf.raw_ops.ReadVariableOp(resource=gate, dtype=tf.int64, name="gate_value")
@@ -115,12 +116,16 @@ class FlashSnapshots:
                                               tf.raw_ops.VarIsInitializedOp(resource=parked))
             self._gate_init = tf.group(
                 tf.raw_ops.AssignVariableOp(resource=gate, value=tf.zeros([2], tf.int64)),
-                tf.raw_ops.AssignVariableOp(resource=parked, value=tf.zeros([self.num_trainers], tf.int64)))
+                tf.raw_ops.AssignVariableOp(resource=parked, value=tf.zeros([self.num_trainers + 1], tf.int64)))
             one = tf.reshape(self._epoch, [1])
             self._request = tf.raw_ops.ResourceScatterUpdate(resource=gate, indices=[0], updates=one)
             self._release = tf.raw_ops.ResourceScatterUpdate(resource=gate, indices=[1], updates=one)
-            self._park = tf.raw_ops.ResourceScatterUpdate(resource=parked, indices=tf.reshape(self._trainer, [1]),
-                                                          updates=one)
+            # The slot first, then the count: a read that sees the count of a write sees its slot too
+            # (two ops of one call run in any order; a reader in between would see the count alone).
+            slot = tf.raw_ops.ResourceScatterUpdate(resource=parked, indices=tf.reshape(self._trainer, [1]), updates=one)
+            with tf.control_dependencies([slot]):
+                self._park = tf.raw_ops.ResourceScatterAdd(resource=parked, indices=[self.num_trainers],
+                                                           updates=tf.ones([1], tf.int64))
 
     def _quiet_reads(self, logs: Mapping[int, tf.Tensor], step: Any) -> dict[str, Any]:
         reads: dict[str, Any] = {}
@@ -223,7 +228,18 @@ class FlashSnapshots:
         sess.run(self._park, feeds((self._trainer, trainer), (self._epoch, epoch)))
 
     def parked(self, sess: Any) -> np.ndarray:
-        return sess.run(self._parked_value)
+        """Every trainer's slot (ABSENT, PRESENT or the epoch it parked for)."""
+        return sess.run(self._parked_value)[: self.num_trainers]
+
+    def slots(self, sess: Any) -> tuple[np.ndarray, int]:
+        """Every trainer's slot and `activity`, the count of writes to them, read at once.
+
+        A trainer writes its slot before it can step outside a round's pause (its session began, it
+        stopped waiting for a release, it ended), so an unchanged count across the capture proves
+        that no trainer stepped during it (the strict rounds of jobs without delta logs).
+        """
+        value = sess.run(self._parked_value)
+        return value[: self.num_trainers], int(value[self.num_trainers])
 
     def gate(self, sess: Any) -> tuple[int, int]:
         requested, released = sess.run(self.gate_value)

@@ -20,6 +20,7 @@ class FaultTolerance(str, enum.Enum):
     NONE = "none"
     CHECKPOINT = "checkpoint"
     ECREC = "ecrec"
+    FLASH = "flash"  # flash checkpoints on their own (tf_ecrec.flash.stock): no erasure coding
 
 
 class Strategy(str, enum.Enum):

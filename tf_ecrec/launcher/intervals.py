@@ -29,13 +29,16 @@ def validate(job: Any) -> None:
     if job.checkpoint_secs is not None:
         _check(job.checkpoint_secs > 0, f"--checkpoint-secs {job.checkpoint_secs} must be > 0", "--checkpoint-secs")
     if job.flash_checkpoint_steps is None and job.flash_checkpoint_secs is None:
+        _check(job.fault_tolerance is not FaultTolerance.FLASH or job.strategy is Strategy.ESTIMATOR,
+               f"--fault-tolerance flash --strategy {job.strategy.value}: flash checkpoints protect Estimator jobs",
+               "--fault-tolerance/--strategy")
         return
     source = "--flash-checkpoint-steps/--flash-checkpoint-secs"
     _check(job.flash_checkpoint_steps is None or job.flash_checkpoint_secs is None,
            "--flash-checkpoint-steps and --flash-checkpoint-secs were both given; choose one interval", source)
-    _check(job.fault_tolerance is FaultTolerance.ECREC and job.strategy is Strategy.ESTIMATOR,
+    _check(job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH) and job.strategy is Strategy.ESTIMATOR,
            f"a flash checkpoint interval with --fault-tolerance {job.fault_tolerance.value} --strategy "
-           f"{job.strategy.value}: flash checkpoints protect --fault-tolerance ecrec Estimator jobs", source)
+           f"{job.strategy.value}: flash checkpoints protect --fault-tolerance ecrec or flash Estimator jobs", source)
     flash_config(job)  # FlashConfig checks the interval itself
 
 
@@ -47,12 +50,18 @@ def checkpoint_interval(job: Any) -> dict[str, Any]:
         return {"save_checkpoints_steps": job.checkpoint_steps, "save_checkpoints_secs": None}
     if job.fault_tolerance is FaultTolerance.CHECKPOINT:
         return {"save_checkpoints_steps": 1000, "save_checkpoints_secs": None}
-    # ecrec without an interval: no checkpoints, so no fallback beyond r lost PS.
+    # ecrec without an interval: no checkpoints, so no fallback beyond r lost PS; flash: its snapshots
+    # (every persist_every-th one also on disk) are the checkpoints.
     return {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
 
 
+DEFAULT_FLASH_STEPS = 100
+"""``--fault-tolerance flash`` without an interval snapshots every this many global steps."""
+
+
 def flash_config(job: Any) -> FlashConfig | None:
-    """The job's `FlashConfig`, or None without a flash checkpoint interval."""
+    """The job's `FlashConfig`, or None without a flash checkpoint interval (``--fault-tolerance flash``
+    always has one: `DEFAULT_FLASH_STEPS` when none is given)."""
     if job.flash_checkpoint_steps is None and job.flash_checkpoint_secs is None:
-        return None
+        return FlashConfig(every_steps=DEFAULT_FLASH_STEPS) if job.fault_tolerance is FaultTolerance.FLASH else None
     return FlashConfig(every_steps=job.flash_checkpoint_steps or 0, every_secs=job.flash_checkpoint_secs or 0.0)

@@ -217,13 +217,14 @@ class MasterConnection:
         if self.cluster.is_chief and self._saves_checkpoints():
             from tf_ecrec.hooks.shard_rollback import ShardRollbackHook
 
-            restored = self._restored_checkpoint if self.job.fault_tolerance is FaultTolerance.ECREC else None
+            restored = self._restored_checkpoint if self.job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH) else None
             self._rollback = ShardRollbackHook(self.client, DATASET, self.job.model_dir, restored=restored)
             hooks.append(self._rollback)
         return hooks
 
     def recovery_listener(self, inner: Any) -> Any:
-        """Wraps an erasure-coded model's recovery listener to learn whether a session restored the checkpoint."""
+        """Wraps an erasure-coded or flash-checkpointed model's recovery listener to learn whether a session
+        restored the checkpoint (or a flash snapshot)."""
 
         def listener(result: Any) -> None:
             if result.method not in ("rebuilt", "settled"):  # those come from background threads, not a session's creation

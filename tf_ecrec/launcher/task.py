@@ -157,11 +157,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     params = model_params(job, module)
     model_fn = module.model_fn
     extra_hooks: list[Any] = []
-    if job.fault_tolerance is FaultTolerance.ECREC:
-        from tf_ecrec.ec_config import ECConfig
-        from tf_ecrec.model_fn import ec_model_fn
-
-        params["ec"] = True
+    if job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH):
         recovery = _report_recovery(cluster)
         if cluster.is_chief:  # <model_dir>/recovery.jsonl, as tf_ecrec.train writes it (read without a launcher)
             from tf_ecrec.estimator_job import RECOVERY_FILE, RecoveryLog, StepWatch
@@ -171,6 +167,16 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
             recovery = RecoveryLog(os.path.join(job.model_dir, RECOVERY_FILE), cluster.task, watch, then=recovery)
         if master is not None:  # the chief's shard-progress rollback follows the recovery's method
             recovery = master.recovery_listener(recovery)
+    if job.fault_tolerance is FaultTolerance.FLASH:
+        from tf_ecrec.flash.stock import flash_model_fn
+
+        model_fn = flash_model_fn(model_fn, job.flash, recovery_listener=recovery,
+                                  listeners=master.flash_listeners() if master is not None else ())
+    elif job.fault_tolerance is FaultTolerance.ECREC:
+        from tf_ecrec.ec_config import ECConfig
+        from tf_ecrec.model_fn import ec_model_fn
+
+        params["ec"] = True
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,
                                rebuild_slice_bytes=max(1, int(job.rebuild_slice_mb * (1 << 20))),
                                rebuild_share=job.rebuild_share, flash=job.flash,
