@@ -15,7 +15,8 @@ optimizers, partitioned or whole variables).  Training is that of a stock PS job
   variable on every PS is brought back to one global step: from the newest flash snapshot complete
   on every PS (own memory, then the peer's, then the model dir) when it is at least as new as the
   newest checkpoint, else from the checkpoint, else initialised.  The markers are written last and
-  the other trainers' ready op waits for them, so no step runs on a half-restored model.  When no
+  the other trainers' ready op waits for them on the PS (our ops: PS tasks load ``tf_ecrec.ops``),
+  so no step runs on a half-restored model and none waits longer than the restore.  When no
   marker is missing (the chief alone restarted) nothing is restored: the PS hold the live values,
   newer than any copy.
 - A restore rolls training back to the snapshot's step, like a checkpoint but from memory and
@@ -29,6 +30,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import tensorflow as tf
@@ -39,7 +41,9 @@ from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_ind
 from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.graph import checkpoint_step, whole_marker
+from tf_ecrec.recovery.plan import READY_WAIT_SECS
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
+from tf_ecrec.recovery.scaffold import raising_ready_op
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 Listener = Callable[[RecoveryResult], None]
@@ -128,7 +132,11 @@ def flash_scaffold(recovery: FlashRecovery | None, markers: dict[int, tf.Variabl
     if recovery is not None:  # the chief's session creation runs prepare, which leaves every variable whole
         ready = tf.constant([], tf.string, name="ec_flash_ready_after_prepare")
     else:
-        ready = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables() + list(markers.values()))
+        # Waits on each PS for its marker (the stock ready op is polled every 30 s: a worker would sit
+        # out half a minute after every restore), then fails with ABORTED while anything is missing.
+        ready = raising_ready_op(SimpleNamespace(
+            whole_markers=markers, variables=tf.compat.v1.global_variables() + list(markers.values()),
+            ready_wait_secs=READY_WAIT_SECS))
     user_init_fn = base.init_fn if base is not None else None
 
     def init_fn(scaffold: tf.compat.v1.train.Scaffold, sess: tf.compat.v1.Session) -> None:
@@ -159,6 +167,9 @@ def flash_model_fn(model_fn: ModelFn, flash: FlashConfig, recovery_listener: Lis
       listeners: the chief's `CheckpointSaverListener`s, called with every snapshot
         (`tf_ecrec.flash.hooks.FlashCheckpointHook`).
       num_ps: the PS count for a task whose RunConfig has none (an evaluator builds no snapshots).
+
+    The PS tasks run one of our ops (the other trainers' wait for the markers): they must load
+    ``tf_ecrec.ops.load_library()`` before serving, as `tf_ecrec.train_and_evaluate` and the launcher do.
 
     Raises (when the Estimator calls the model_fn in training):
       ConfigError: no PS cluster, or a variable on a PS that is not a resource variable.

@@ -271,9 +271,9 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-    if job.fault_tolerance is FaultTolerance.ECREC:
-        # Every process that executes our ops needs their kernels registered:
-        # the PS tasks run the delta and parity ops of the training graph.
+    if job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH):
+        # Every process that executes our ops needs their kernels registered: the PS tasks run the
+        # delta and parity ops of the training graph, and the ready op's wait for their markers.
         from tf_ecrec.ops import load_library
 
         load_library()

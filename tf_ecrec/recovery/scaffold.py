@@ -50,8 +50,12 @@ class ECSaver(LongDeadlineSaver):
 
 
 
-def raising_ready_op(plan: RecoveryPlan) -> tf.Tensor:
+def raising_ready_op(plan: Any) -> tf.Tensor:
     """Like report_uninitialized_variables, but fails with ABORTED while anything is missing.
+
+    `plan` is a `RecoveryPlan`, or anything with its ``whole_markers`` (PS task -> marker),
+    ``variables`` (what must be initialised, markers included) and ``ready_wait_secs``
+    (`tf_ecrec.flash.stock` passes its own).
 
     Before it reports, each PS waits up to ``ready_wait_secs`` for its
     whole marker (`EcRec>AwaitInitialized`): a worker waiting through a
