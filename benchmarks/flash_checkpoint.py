@@ -7,6 +7,9 @@ and its ratio to the first, and, from the chief's ``flash_stats.json``, the paus
 
     python benchmarks/flash_checkpoint.py cost --table-rows 20000,400000 --every 100 --steps 1500
 
+``cost --without-ec``: the same for flash checkpoints on their own (``--fault-tolerance flash``,
+stock partitioned tables, strict rounds) beside no protection and a stock checkpoint every N steps.
+
 ``restore``: in one process, 3 PS servers holding GB of float variables; capture, write to shared
 memory (own + peer) and to disk, restore from the own copy, the peer copy and disk, and the stock
 sharded Saver's save and restore of the same variables.
@@ -30,12 +33,24 @@ import launched_job  # benchmarks/, beside this script
 
 
 def cost(args: argparse.Namespace) -> None:
-    configs = {
-        "ecrec": [],
-        f"ecrec + flash every {args.every}": ["--flash-checkpoint-steps", str(args.every)],
-        f"ecrec + checkpoint every {args.every}": ["--checkpoint-steps", str(args.every)],
-    }
-    print(f"\ncost: ecrec 2+1, 3 PS, --workers {args.workers}, {args.steps} steps, {args.repeats} interleaved repeats\n")
+    if args.without_ec:
+        configs = {
+            "none": ["--fault-tolerance", "none"],
+            f"flash every {args.every}": ["--fault-tolerance", "flash", "--flash-checkpoint-steps", str(args.every)],
+            f"checkpoint every {args.every}": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", str(args.every)],
+        }
+        what = "stock partitioned tables"
+    else:
+        configs = {
+            "ecrec": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+            f"ecrec + flash every {args.every}": ["--fault-tolerance", "ecrec", "--ec", "2+1",
+                                                  "--flash-checkpoint-steps", str(args.every)],
+            f"ecrec + checkpoint every {args.every}": ["--fault-tolerance", "ecrec", "--ec", "2+1",
+                                                       "--checkpoint-steps", str(args.every)],
+        }
+        what = "ecrec 2+1"
+    first = next(iter(configs))
+    print(f"\ncost: {what}, 3 PS, --workers {args.workers}, {args.steps} steps, {args.repeats} interleaved repeats\n")
     print("| table rows | config | samples/s | ratio | rounds (skipped) | pause s median / max | write s median | pause share |")
     print("|---|---|---|---|---|---|---|---|")
     for rows in [int(r) for r in args.table_rows.split(",")]:
@@ -44,7 +59,7 @@ def cost(args: argparse.Namespace) -> None:
             for name, flags in configs.items():
                 model_dir = os.path.join(args.out, f"{rows}-{len(results[name])}-{list(configs).index(name)}")
                 shutil.rmtree(model_dir, ignore_errors=True)
-                common = ["--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3", "--workers", str(args.workers),
+                common = ["--ps", "3", "--workers", str(args.workers),
                           "--steps", str(args.steps), "--table-rows", str(rows)]
                 report = launched_job.run([*common, *flags], model_dir, name)
                 stats_file = os.path.join(model_dir, "flash_stats.json")
@@ -53,7 +68,7 @@ def cost(args: argparse.Namespace) -> None:
                         report["flash"] = json.load(fh)
                 results[name].append(report)
                 print(f"  {rows} {name} #{i}: {report['samples_per_sec']:,.0f} samples/s", file=sys.stderr)
-        base = statistics.median(r["samples_per_sec"] for r in results["ecrec"])
+        base = statistics.median(r["samples_per_sec"] for r in results[first])
         for name, reports in results.items():
             rate = statistics.median(r["samples_per_sec"] for r in reports)
             flash = [r["flash"] for r in reports if "flash" in r]
@@ -158,6 +173,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--without-ec", action="store_true", help="cost: --fault-tolerance flash on its own")
     parser.add_argument("--gb", default="0.25,1")
     parser.add_argument("--shm-dir", default="/dev/shm/tf_ecrec_bench")
     parser.add_argument("--out", default="/tmp/tf_ecrec_flash_bench")
