@@ -61,7 +61,8 @@ def test_checkpoint_mode_survives_a_ps_kill_and_reports_the_rollback(tmp_path):
     # On the tables ecrec protects (--storage collection), unprotected: the like-for-like baseline.
     model_dir = str(tmp_path / "ckpt")
     result = cli(
-        "run", "--model-dir", model_dir, "--ps", "3", "--workers", "2", "--steps", "600",
+        # One trainer: a stock worker polls for the restored model every 30 s (the test command's budget).
+        "run", "--model-dir", model_dir, "--ps", "3", "--workers", "1", "--steps", "600",
         "--fault-tolerance", "checkpoint", "--checkpoint-steps", "150", "--kill", "ps:1@step=380",
         "--restart-delay", "1", "--storage", "collection", *SMALL,
     )

@@ -111,3 +111,22 @@ def test_nothing_is_asked_while_the_chief_still_trains(run, monkeypatch):
     driver.drive(time.time())
     driver.drive(time.time() + 100)
     assert run.events == [] and all(t.state is TaskState.RUNNING for n, t in run.tasks.items() if n != "chief:0")
+
+
+def test_a_trainer_waiting_for_records_is_not_hung_but_one_idle_while_records_wait_is(run):
+    from tf_ecrec.launcher.exits import HANG_MIN_STEPS, ExitWatch
+
+    run.job = SimpleNamespace(ps_memory_mb=None, injections=(), hang_secs=4.0)
+    worker = run.tasks["worker:0"]
+    worker.training = True
+    watch = ExitWatch(run)
+    t0 = time.time()
+    watch.progressed("worker:0", t0)
+    run.global_step = 100 + HANG_MIN_STEPS + 5  # the others trained on
+    # every record that exists is trained or leased: waiting for the next one is not a hang
+    assert watch.drive(t0 + 60, starved=True) == []
+    assert worker.alive
+    # records came: the clock starts again from there, and a worker still idle 4 s later is hung
+    assert watch.drive(t0 + 62) == []
+    run.global_step += HANG_MIN_STEPS
+    assert watch.drive(t0 + 64.5) == [worker] and worker.process.returncode == -signal.SIGKILL

@@ -215,7 +215,7 @@ class Supervisor:
                     last_progress = time.time()
             now = time.time()
             self._check_processes()
-            for task in self._exits.drive(now):  # hung trainers, killed: restarted like a crash
+            for task in self._exits.drive(now, self._starved()):  # hung trainers, killed: restarted like a crash
                 diagnosis = self._exits.diagnose(task, task.process.returncode if task.process else -9)
                 self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
             self._run.record.sample_memory(now, self._run.table.every_process())
@@ -247,6 +247,12 @@ class Supervisor:
         for msg in self._receiver.poll(0.2):
             self._on_message(msg)
         self._print_progress(time.time(), final=True)
+
+    def _starved(self) -> bool:
+        """No record is left to lease (a stream waiting for its next file, the data's tail): a trainer
+        without a lease waits for records, which is neither a hang nor a stall."""
+        data = self._driver.data_state() if self._driver is not None else None
+        return data is not None and data.records_trained + data.records_in_flight >= data.records_total
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """One status datagram (`tf_ecrec.launcher.status`); True if it shows progress."""
