@@ -253,7 +253,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         try:
             self._snap.write(sess, epoch, step, slot, tiers)
         except (tf.errors.OpError, RuntimeError) as exc:  # a PS lost or the session closed mid-write
-            _LOG.warning("flash checkpoint of step %d not written: %s", step, str(exc).splitlines()[0])
+            _LOG.warning("flash checkpoint of step %d not written: %s: %s", step, type(exc).__name__,
+                         " ".join(str(exc).split())[:600])
             return
         # The next round writes the other slot; after a cut write, this one again (the other holds the newest).
         self._slot = (slot + 1) % SLOTS

@@ -50,6 +50,7 @@ from tf_ecrec.flash.config import (
     slot_dir,
 )
 from tf_ecrec.ops import delta_log_pending
+from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS
 from tf_ecrec.steplog import feeds
 
 _LOG = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ class FlashSnapshots:
         self.names = {p: tuple(variable_name(v) for v in vs) for p, vs in self.variables.items()}
         self.bytes = {p: sum(int(np.prod(v.shape.as_list())) * v.dtype.base_dtype.size for v in vs)
                       for p, vs in self.variables.items()}
+        # Writes are background work of GB at big tables: the session's operation timeout (there to end
+        # waits on a dead task) cut them at 400,000 rows.
+        self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
         step = tf.compat.v1.train.get_global_step()
         with tf.name_scope("ec_flash"):
             self._build_gate()
@@ -266,18 +270,20 @@ class FlashSnapshots:
             holder = {p: self._holder(tier, p) for p in range(self.num_ps)}
             self._put_all(sess, {holder[p]: (os.path.join(dirs[p], MANIFEST), b"") for p in dirs})
             if tier is Tier.OWN:
-                sess.run([self._serialize[p] for p in dirs], feeds(*[(self._dst[p], dirs[p]) for p in dirs]))
+                sess.run([self._serialize[p] for p in dirs], feeds(*[(self._dst[p], dirs[p]) for p in dirs]),
+                         options=self._long)
             else:
                 own = {p: self.slot_dir(Tier.OWN, p, slot) for p in dirs}
                 sess.run([self._ship[(p, p, holder[p])] for p in dirs],
-                         feeds(*[(self._src[p], own[p]) for p in dirs], *[(self._dst[p], dirs[p]) for p in dirs]))
+                         feeds(*[(self._src[p], own[p]) for p in dirs], *[(self._dst[p], dirs[p]) for p in dirs]),
+                         options=self._long)
             self._put_all(sess, {holder[p]: (os.path.join(dirs[p], MANIFEST), manifests[p].encode()) for p in dirs})
 
     def _put_all(self, sess: Any, files: Mapping[int, tuple[str, bytes]]) -> None:
         # One put per device per call: a PS's own and peer manifests go in separate calls.
         sess.run([self._put[d] for d in files],
                  feeds(*[(self._path[d], path) for d, (path, _) in files.items()],
-                       *[(self._blob[d], blob) for d, (_, blob) in files.items()]))
+                       *[(self._blob[d], blob) for d, (_, blob) in files.items()]), options=self._long)
 
     def _holder(self, tier: Tier, p: int) -> int:
         return self.peer(p) if tier is Tier.PEER else p
