@@ -22,6 +22,12 @@ class FaultTolerance(str, enum.Enum):
     ECREC = "ecrec"
     FLASH = "flash"  # flash checkpoints on their own (tf_ecrec.flash.stock): no erasure coding
 
+    @property
+    def ours(self) -> bool:
+        """Recovery is tf_ecrec's (ecrec, flash): its ops run on the PS, its session creation decides
+        what to restore and reports it, flash checkpoints may be taken."""
+        return self in (FaultTolerance.ECREC, FaultTolerance.FLASH)
+
 
 class Strategy(str, enum.Enum):
     """``--strategy``: how the job trains: Estimator sessions, or TF2 ParameterServerStrategy with Keras fit."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.launcher.spec import FaultTolerance, JobSpec
+from tf_ecrec.launcher.spec import JobSpec
 
 _LOG = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class MasterConnection:
         if self.cluster.is_chief and self._saves_checkpoints():
             from tf_ecrec.hooks.shard_rollback import ShardRollbackHook
 
-            restored = self._restored_checkpoint if self.job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH) else None
+            restored = self._restored_checkpoint if self.job.fault_tolerance.ours else None
             self._rollback = ShardRollbackHook(self.client, DATASET, self.job.model_dir, restored=restored)
             hooks.append(self._rollback)
         return hooks

@@ -144,7 +144,7 @@ def recovery_entries(
         if recovered is not None:
             method = recovered.extra.get("method")
         elif kill.task.startswith("ps:"):
-            method = {"checkpoint": "checkpoint", "none": "init"}.get(fault_tolerance, "unknown")  # flash/ecrec: reported
+            method = {"checkpoint": "checkpoint", "none": "init"}.get(fault_tolerance, "unknown")
         else:
             method = "none"  # a worker or the chief: no state to rebuild
         # The lowest global step seen after the kill: a new session's first read,

@@ -250,7 +250,7 @@ class Supervisor:
 
     def _starved(self) -> bool:
         """No record is left to lease (a stream waiting for its next file, the data's tail): a trainer
-        without a lease waits for records, which is neither a hang nor a stall."""
+        without a lease waits for records, which is not a hang."""
         data = self._driver.data_state() if self._driver is not None else None
         return data is not None and data.records_trained + data.records_in_flight >= data.records_total
 

@@ -157,7 +157,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     params = model_params(job, module)
     model_fn = module.model_fn
     extra_hooks: list[Any] = []
-    if job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH):
+    if job.fault_tolerance.ours:
         recovery = _report_recovery(cluster)
         if cluster.is_chief:  # <model_dir>/recovery.jsonl, as tf_ecrec.train writes it (read without a launcher)
             from tf_ecrec.estimator_job import RECOVERY_FILE, RecoveryLog, StepWatch
@@ -271,7 +271,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-    if job.fault_tolerance in (FaultTolerance.ECREC, FaultTolerance.FLASH):
+    if job.fault_tolerance.ours:
         # Every process that executes our ops needs their kernels registered: the PS tasks run the
         # delta and parity ops of the training graph, and the ready op's wait for their markers.
         from tf_ecrec.ops import load_library
