@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -298,14 +299,31 @@ def streamed_digest(reader: Any, names: Iterable[str]) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_ecrec.live_cluster MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON."""
+    """``python -m tf_ecrec.live_cluster MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON.
+
+    With ``-`` for the addresses, the process first loads what reading needs
+    (TensorFlow, the ops, the parity checker), then waits for one line on
+    stdin with the addresses: a reader started ahead of time that reads the
+    cluster as it is when the line comes (`tf_ecrec.launcher.digest_reader`).
+    The manifest is read then too.
+    """
     import argparse
 
     parser = argparse.ArgumentParser(description="Digest the variables of a live PS cluster.")
     parser.add_argument("manifest")
-    parser.add_argument("ps", help="comma-separated PS addresses")
+    parser.add_argument("ps", help="comma-separated PS addresses, or - to read them from stdin once ready")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
+    if args.ps == "-":
+        import tensorflow  # noqa: F401  (loaded before the wait: that is what waiting ahead saves)
+
+        import tf_ecrec.verify  # noqa: F401
+
+        line = sys.stdin.readline().strip()
+        if not line:
+            print("tf_ecrec.live_cluster: stdin closed before any PS address came; nothing read", file=sys.stderr)
+            return 3
+        args.ps = line
     manifest = read_manifest(args.manifest)
     out: dict[str, Any] = {}
     names = [r["name"] for r in manifest["variables"]]

@@ -58,7 +58,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import Any, TextIO
@@ -71,6 +70,7 @@ from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.autoscaling import AutoScaling, LocalScaler
 from tf_ecrec.launcher.console import Console, progress_line, summary
 from tf_ecrec.launcher.diagnosis import ExitKind
+from tf_ecrec.launcher.digest_reader import DigestReader
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.fault_actions import FaultActions
@@ -107,6 +107,8 @@ class Supervisor:
         self._scaling: AutoScaling | None = None
         self._stream: StreamFeed | None = None
         self._token: str | None = None
+        # The end-of-job read of the PS tasks, started while the job trains (see digest_reader).
+        self._reader = DigestReader(model_dir.manifest_file(job.model_dir), model_dir.log_file(job.model_dir, "digest"))
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -153,6 +155,7 @@ class Supervisor:
             self._run.console.print("interrupted: stopping every task")
             raise
         finally:
+            self._reader.close()
             self._stop_all()
             self._exits.close()
             if job.flash is not None:  # the job's snapshots in shared memory outlive PS tasks, not the job
@@ -271,6 +274,8 @@ class Supervisor:
         if kind is StatusKind.SESSION:
             self._run.event(EventKind.SESSION, task, int(msg.get("step", 0)), t=t)
             if task == "chief:0":
+                if self.job.strategy is not Strategy.PSS:
+                    self._reader.start()
                 for pending in self._run.tasks.values():
                     if pending.state is TaskState.PENDING:
                         self._run.start(pending)
@@ -341,17 +346,7 @@ class Supervisor:
         if self.job.strategy is Strategy.PSS:  # written by the chief, the only process that can read its variables
             with open(model_dir.digest_file(self.job.model_dir), encoding="utf-8") as fh:
                 return dict(json.load(fh))
-        ps = [t.cluster.address for t in self._run.table.ps()]
-        result = subprocess.run(
-            [sys.executable, "-m", "tf_ecrec.live_cluster", model_dir.manifest_file(self.job.model_dir), ",".join(ps)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )
-        if result.returncode != 0:
-            raise LaunchError(f"reading the variables back from the PS tasks failed:\n{result.stderr[-2000:]}")
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        return self._reader.read([t.cluster.address for t in self._run.table.ps()])
 
     # ---- output ---------------------------------------------------------------------------
 
