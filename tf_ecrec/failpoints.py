@@ -6,7 +6,10 @@ process sets ``TF_ECREC_TASK`` to its own "type:index"), e.g.
 ``ps_after_apply@ps:1@step=80``: in the first step that starts at global step
 ``n`` or later, the process of ``<task>`` SIGKILLs itself at ``<point>``.  A
 marker file in ``TF_ECREC_FAILPOINT_DIR`` (default: the temp dir) makes it
-fire once per job, so the restarted process does not die again.
+fire once per job, so the restarted process does not die again.  Several
+failpoints, comma-separated (``ps_after_apply@ps:1@step=40,
+worker_before_commit@chief:0@step=100``), make one job survive a sequence of
+cuts; each (point, task) pair fires at most once per job.
 
 The environment is read once per graph, when `ECOptimizer.apply_gradients`
 starts building the step (`FailpointPlan.from_environ`); the plan it returns
@@ -74,8 +77,8 @@ _SPEC = re.compile(r"^(?P<point>[a-z_]+)@(?P<task>(ps|worker|chief):\d+)@step=(?
 
 
 @dataclasses.dataclass(frozen=True)
-class FailpointPlan:
-    """The failpoint armed in the environment: where, on which task, from which global step.
+class Armed:
+    """One armed failpoint: where, on which task, from which global step.
 
     Attributes:
       point: the point.
@@ -87,23 +90,42 @@ class FailpointPlan:
     task: str
     step: int
 
+
+@dataclasses.dataclass(frozen=True)
+class FailpointPlan:
+    """The failpoints armed in the environment, in the order given.
+
+    Attributes:
+      armed: each armed failpoint.
+    """
+
+    armed: tuple[Armed, ...]
+
+    def arms(self, point: FailPoint) -> bool:
+        """Whether some task is to be killed at `point` (the step then carries that point's ops)."""
+        return any(a.point is point for a in self.armed)
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FailpointPlan | None:
-        """The failpoint `ENV` names in `environ` (default: the process's environment), or None.
+        """The failpoints `ENV` names in `environ` (default: the process's environment), or None.
 
         Raises:
-          ConfigError: a malformed value or an unknown point.
+          ConfigError: a malformed entry or an unknown point.
         """
         text = (os.environ if environ is None else environ).get(ENV)
         if not text:
             return None
-        m = _SPEC.match(text)
-        if not m or m["point"] not in POINTS:
-            raise ConfigError(
-                f"{ENV}={text!r} is malformed; expected POINT@TASK@step=N with POINT one of {POINTS} "
-                f"and TASK like ps:1 or chief:0; source: environment variable {ENV}"
-            )
-        return cls(FailPoint(m["point"]), m["task"], int(m["step"]))
+        armed = []
+        for entry in text.split(","):
+            m = _SPEC.match(entry.strip())
+            if not m or m["point"] not in POINTS:
+                raise ConfigError(
+                    f"{ENV}={text!r}: entry {entry!r} is malformed; expected POINT@TASK@step=N (comma-separated "
+                    f"for several) with POINT one of {POINTS} and TASK like ps:1 or chief:0; "
+                    f"source: environment variable {ENV}"
+                )
+            armed.append(Armed(FailPoint(m["point"]), m["task"], int(m["step"])))
+        return cls(tuple(armed))
 
 
 def _failpoint(plan: FailpointPlan | None, point: FailPoint, device: str, step: tf.Tensor,
@@ -114,7 +136,7 @@ def _failpoint(plan: FailpointPlan | None, point: FailPoint, device: str, step: 
     is C++ so that it also works in PS processes (a Python py_func runs only
     in the process that built the graph).
     """
-    if plan is None or plan.point != point:
+    if plan is None or not plan.arms(point):
         return None
     from tf_ecrec.ops import load_library
 

@@ -1,9 +1,9 @@
 // EcRec>Failpoint: kills its own process at a named point of a training step
 // (tests of a step cut anywhere; see tf_ecrec/failpoints.py).
 //
-// It fires when TF_ECREC_FAILPOINT is "<point>@<task>@step=<n>", the `point`
-// attr equals <point>, TF_ECREC_TASK (set by each tf_ecrec task process) equals
-// <task> and the step input is >= n.  A marker file created with O_EXCL in
+// It fires when TF_ECREC_FAILPOINT holds an entry "<point>@<task>@step=<n>"
+// (entries comma-separated) whose <point> is the `point` attr, whose <task> is
+// TF_ECREC_TASK (set by each tf_ecrec task process), with the step input >= n.  A marker file created with O_EXCL in
 // TF_ECREC_FAILPOINT_DIR (default /tmp) makes it fire once per job.  Written
 // in C++ so that it works in PS processes, where a Python py_func cannot run.
 
@@ -45,16 +45,31 @@ class FailpointOp : public OpKernel {
     const char* spec = std::getenv("TF_ECREC_FAILPOINT");
     const char* task = std::getenv("TF_ECREC_TASK");
     if (spec == nullptr || task == nullptr) return;
-    const std::string s(spec);
-    const size_t first = s.find('@');
-    const size_t second = s.find("@step=", first == std::string::npos ? 0 : first + 1);
-    if (first == std::string::npos || second == std::string::npos) return;
-    if (s.substr(0, first) != point_) return;
-    const std::string target = s.substr(first + 1, second - first - 1);
-    if (target != task) return;
-    const long long at = std::atoll(s.c_str() + second + 6);
     const int64_t step = ctx->input(0).scalar<int64_t>()();
-    if (step < at) return;
+    // Comma-separated entries; the first naming this point and task whose step has come fires.
+    const std::string all(spec);
+    size_t begin = 0;
+    while (begin <= all.size()) {
+      size_t end = all.find(',', begin);
+      if (end == std::string::npos) end = all.size();
+      const std::string s = all.substr(begin, end - begin);
+      begin = end + 1;
+      const size_t first = s.find('@');
+      if (first == std::string::npos) continue;
+      const size_t second = s.find("@step=", first + 1);
+      if (second == std::string::npos) continue;
+      if (s.substr(0, first) != point_) continue;
+      const std::string target = s.substr(first + 1, second - first - 1);
+      if (target != task) continue;
+      if (step < std::atoll(s.c_str() + second + 6)) continue;
+      Fire(target, step);
+      return;
+    }
+  }
+
+ private:
+  // Kills this process unless the (point, task) marker shows it fired already in this job.
+  void Fire(const std::string& target, int64_t step) {
     const char* dir = std::getenv("TF_ECREC_FAILPOINT_DIR");
     std::string marker = std::string(dir ? dir : "/tmp") + "/tf_ecrec_failpoint_" + point_ + "_" + target;
     for (char& c : marker) {
@@ -71,7 +86,6 @@ class FailpointOp : public OpKernel {
     kill(getpid(), SIGKILL);
   }
 
- private:
   std::string point_;
 };
 
