@@ -11,6 +11,7 @@ import sys
 import time
 
 from conftest import REPO, cli
+from harness.procs import descendants, running
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 
@@ -18,20 +19,6 @@ SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 def _report(model_dir):
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def _our_processes(marker):
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if marker.encode() in fh.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def test_malformed_kill_and_bad_combinations_fail_before_anything_starts(tmp_path):
@@ -132,15 +119,16 @@ def test_ctrl_c_stops_every_task(tmp_path):
          "--steps", "100000", *SMALL],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    marker = os.path.join(model_dir, "job.json")
     deadline = time.time() + 60
-    while len(_our_processes(marker)) < 3 and time.time() < deadline:
+    # the 2 PS and the chief up, and the fork server they were forked from
+    while len(descendants(proc.pid)) < 4 and time.time() < deadline:
         time.sleep(0.5)
-    assert len(_our_processes(marker)) >= 3
+    tasks = descendants(proc.pid)
+    assert len(tasks) >= 4, tasks
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "every task was stopped" in err
-    assert _our_processes(marker) == []
+    assert [pid for pid in tasks if running(pid)] == []
 
 
 def test_the_example_runs_as_a_plain_estimator_script_under_tf_config(tmp_path):

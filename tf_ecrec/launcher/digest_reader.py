@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
+import time
 from collections.abc import Sequence
 from typing import IO, Any
 
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.launcher.child import command
+from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer
 
 
 class DigestReader:
@@ -32,13 +35,17 @@ class DigestReader:
       manifest: the chief's variable manifest (read by the reader when asked).
       log_path: where the reader's stderr goes (its tail is in the error when it fails).
       timeout: seconds `read` waits for the answer.
+      forkserver: forks the reader when it can (TensorFlow already loaded); else it is a process of its own.
     """
 
-    def __init__(self, manifest: str, log_path: str, timeout: float = 300.0) -> None:
+    def __init__(self, manifest: str, log_path: str, timeout: float = 300.0, forkserver: ForkServer | None = None) -> None:
         self._manifest = manifest
         self._log_path = log_path
         self._timeout = timeout
-        self._proc: subprocess.Popen[str] | None = None
+        self.forkserver = forkserver
+        self._proc: subprocess.Popen | ForkedProcess | None = None
+        self._stdin: int | None = None  # our ends of its stdin and stdout pipes
+        self._stdout: int | None = None
         self._log: IO[str] | None = None
 
     @property
@@ -50,14 +57,19 @@ class DigestReader:
         if self._proc is not None:
             return
         self._log = open(self._log_path, "w", encoding="utf-8")  # closed by close()
-        self._proc = subprocess.Popen(
-            command("tf_ecrec.live_cluster", self._manifest, "-"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        stdin_r, self._stdin = os.pipe()
+        self._stdout, stdout_w = os.pipe()
+        try:
+            if self.forkserver is not None:
+                self._proc = self.forkserver.spawn("tf_ecrec.live_cluster", [self._manifest, "-"], env,
+                                                    stdin_r, stdout_w, self._log.fileno(), name="digest")
+            if self._proc is None:
+                self._proc = subprocess.Popen(command("tf_ecrec.live_cluster", self._manifest, "-"),
+                                              stdin=stdin_r, stdout=stdout_w, stderr=self._log, env=env)
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
 
     def read(self, ps: Sequence[str]) -> dict[str, Any]:
         """The digest (and parity check) of the variables on `ps`, the PS addresses in task order.
@@ -66,18 +78,33 @@ class DigestReader:
           LaunchError: the reader failed, printed no answer, or took longer than the timeout.
         """
         self.start()
-        assert self._proc is not None
+        assert self._proc is not None and self._stdin is not None and self._stdout is not None
+        deadline = time.monotonic() + self._timeout
         try:
-            out, _ = self._proc.communicate(",".join(ps) + "\n", timeout=self._timeout)
+            os.write(self._stdin, (",".join(ps) + "\n").encode())
+        except BrokenPipeError:  # it died waiting: its exit code and log tell why
+            pass
+        os.close(self._stdin)
+        self._stdin = None
+        out = b""
+        while True:
+            ready, _, _ = select.select([self._stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self.close()
+                raise LaunchError(
+                    f"reading the variables back from the PS tasks {list(ps)} took more than {self._timeout:.0f} s "
+                    f"(its log: {self._log_path})"
+                )
+            chunk = os.read(self._stdout, 1 << 16)
+            if not chunk:
+                break
+            out += chunk
+        try:
+            code = self._proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.close()
-            raise LaunchError(
-                f"reading the variables back from the PS tasks {list(ps)} took more than {self._timeout:.0f} s "
-                f"(its log: {self._log_path})"
-            ) from None
-        code = self._proc.returncode
+            code = None
         self.close()
-        lines = out.strip().splitlines()
+        lines = out.decode(errors="replace").strip().splitlines()
         if code != 0 or not lines:
             raise LaunchError(
                 f"reading the variables back from the PS tasks {list(ps)} failed (exit code {code}):\n"
@@ -90,6 +117,10 @@ class DigestReader:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        for fd in (self._stdin, self._stdout):
+            if fd is not None:
+                os.close(fd)
+        self._stdin = self._stdout = None
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -11,9 +11,11 @@ A task's state (`TaskState`)::
     RUNNING  -> DONE         a trainer exited 0 (its data is finished)
     RUNNING  -> FAILED       exited with an error code: the run fails
 
-Every process is started as ``python -m tf_ecrec.launcher.task job.json``
-through `tf_ecrec.launcher.child` (it dies with the launcher), with its own
-TF_CONFIG and the environment every task shares, its output appended to
+Every process runs ``python -m tf_ecrec.launcher.task job.json``: forked
+from the launcher's fork server, TensorFlow already loaded
+(`tf_ecrec.launcher.forkserver`), or, without one, started through
+`tf_ecrec.launcher.child`; either way it dies with the launcher and has its
+own TF_CONFIG and the environment every task shares, its output appended to
 ``<model_dir>/logs/<type>-<index>.log``.
 """
 
@@ -30,6 +32,7 @@ from typing import TextIO
 
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.launcher.child import command as child_command
+from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer
 from tf_ecrec.launcher.model_dir import job_file, log_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 
@@ -63,7 +66,7 @@ class TaskProcess:
     """One task of the job and its current process (None before its first start)."""
 
     cluster: ClusterConfig
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | ForkedProcess | None = None
     log: TextIO | None = None
     state: TaskState = TaskState.PENDING
     exit_code: int | None = None
@@ -120,6 +123,8 @@ class ProcessTable:
     Attributes:
       environment: what every task's environment adds to this process's
         (status channel, cluster file, master address); set before `launch`.
+      forkserver: when set, task processes are forked from it (TensorFlow loaded once,
+        `tf_ecrec.launcher.forkserver`); else (or when it cannot) each is started on its own.
     """
 
     def __init__(self, job: JobSpec) -> None:
@@ -127,6 +132,7 @@ class ProcessTable:
         self.tasks: dict[str, TaskProcess] = {}
         self.spares: list[TaskProcess] = []
         self.environment: dict[str, str] = {}
+        self.forkserver: ForkServer | None = None
         self._spare_count = 0
 
     def add(self, cluster: ClusterConfig) -> TaskProcess:
@@ -157,28 +163,40 @@ class ProcessTable:
         yield from self.tasks.values()
         yield from self.spares
 
+    def base_environment(self) -> dict[str, str]:
+        """What every task's environment starts from (the fork server's too)."""
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        if self.job.deterministic:
+            env["TF_DETERMINISTIC_OPS"] = "1"
+        return env
+
     def launch(self, task: TaskProcess, now: float) -> None:
         """Starts `task`'s process (again): RUNNING, not yet a member, not yet training."""
-        env = dict(os.environ)
+        env = self.base_environment()
         env["TF_CONFIG"] = json.dumps(task.cluster.to_tf_config())  # the child's own, not this process's
         env.update(self.environment)
         env.update(task.env)
         if task.spare_address is not None:
             env[ENV_SPARE_ADDRESS] = task.spare_address
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        if self.job.deterministic:
-            env["TF_DETERMINISTIC_OPS"] = "1"
         task.log = open(log_file(self.job.model_dir, task.name), "a", encoding="utf-8")
         task.log.write(f"==== start {task.name} at {time.strftime('%H:%M:%S')} ====\n")
         task.log.flush()
-        task.process = subprocess.Popen(
-            # dies with us; no preexec_fn (see child.py)
-            child_command("tf_ecrec.launcher.task", job_file(self.job.model_dir)),
-            env=env,
-            stdout=task.log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+        task.process = None
+        if self.forkserver is not None:
+            with open(os.devnull, "rb") as devnull:
+                task.process = self.forkserver.spawn("tf_ecrec.launcher.task", [job_file(self.job.model_dir)], env,
+                                                     devnull.fileno(), task.log.fileno(), task.log.fileno(),
+                                                     name=task.name)
+        if task.process is None:
+            task.process = subprocess.Popen(
+                # dies with us; no preexec_fn (see child.py)
+                child_command("tf_ecrec.launcher.task", job_file(self.job.model_dir)),
+                env=env,
+                stdout=task.log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         task.state = TaskState.RUNNING
         task.started_at, task.member_since, task.training = now, None, False
 

@@ -75,6 +75,7 @@ from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.fault_actions import FaultActions
 from tf_ecrec.launcher.faults import FaultSchedule
+from tf_ecrec.launcher.forkserver import ForkServer
 from tf_ecrec.launcher.master_connection import DATASET, master_environment
 from tf_ecrec.launcher.master_driver import LEAVE_TIMEOUT_SECS, MasterDriver
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
@@ -126,6 +127,10 @@ class Supervisor:
         with open(model_dir.job_file(job.model_dir), "w", encoding="utf-8") as fh:
             json.dump(job.to_json(), fh, indent=1)
         write_cluster_file(self._run.cluster_file, cluster)
+        table = self._run.table
+        table.forkserver = self._reader.forkserver = ForkServer(table.base_environment(),
+                                                                model_dir.log_file(job.model_dir, "forkserver"))
+        table.forkserver.start()  # it imports TensorFlow while the master starts
         self._receiver = StatusReceiver()
         self._run.table.environment = {ENV_STATUS_ADDRESS: self._receiver.address, ENV_CLUSTER_FILE: self._run.cluster_file}
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -157,6 +162,7 @@ class Supervisor:
         finally:
             self._reader.close()
             self._stop_all()
+            table.forkserver.close()
             self._exits.close()
             if job.flash is not None:  # the job's snapshots in shared memory outlive PS tasks, not the job
                 shutil.rmtree(shm_root(job.flash, job.model_dir), ignore_errors=True)
@@ -219,7 +225,8 @@ class Supervisor:
             now = time.time()
             self._check_processes()
             for task in self._exits.drive(now, self._starved()):  # hung trainers, killed: restarted like a crash
-                diagnosis = self._exits.diagnose(task, task.process.returncode if task.process else -9)
+                code = task.process.returncode if task.process else None
+                diagnosis = self._exits.diagnose(task, -9 if code is None else code)
                 self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
             self._run.record.sample_memory(now, self._run.table.every_process())
             self._actions.drive(now)

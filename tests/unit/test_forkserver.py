@@ -1,0 +1,179 @@
+"""The launcher's fork server (`tf_ecrec.launcher.forkserver`) against what ``python -m`` gives a task.
+
+Each case runs in a fresh interpreter: the server makes the process that starts it a child
+subreaper, which pytest's own process should not become.  The server preloads only `json` here
+(what it saves is TensorFlow's import; what it must keep is the process contract, checked side by
+side with the same module started on its own).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any
+
+from tf_ecrec.launcher.child import command
+from tf_ecrec.launcher.forkserver import ENV_FORKSERVER, ForkedProcess, ForkServer
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    if __name__ == "__main__":
+        line = sys.stdin.readline().strip()
+        print(json.dumps({"argv": sys.argv[1:], "stdin": line, "cwd": os.getcwd(), "ppid": os.getppid(),
+                          "env": os.environ.get("PROBE_VALUE"), "name": __name__,
+                          "path_has_probe_dir": os.environ.get("PROBE_DIR") in sys.path}))
+        print("to stderr", file=sys.stderr)
+        sys.stdout.flush()
+        code = sys.argv[1]
+        if code == "raise":
+            raise RuntimeError("probe failed")
+        if code == "sleep":
+            import time
+            time.sleep(60)
+        raise SystemExit(int(code))
+    """
+)
+
+
+def _probe_dir() -> str:
+    directory = tempfile.mkdtemp(prefix="fs_probe_")
+    with open(os.path.join(directory, "fs_probe_mod.py"), "w", encoding="utf-8") as fh:
+        fh.write(PROBE)
+    return directory
+
+
+def _run(start: Any, code: str, probe_dir: str, workdir: str) -> tuple[int, dict, str]:
+    """Starts the probe with `start` (forked or on its own), feeds its stdin; (exit code, its JSON, its stderr)."""
+    import json
+
+    stdin_r, stdin_w = os.pipe()
+    out_path, err_path = os.path.join(workdir, f"out{code}"), os.path.join(workdir, f"err{code}")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        env = {**os.environ, "PROBE_VALUE": f"v{code}", "PROBE_DIR": probe_dir,
+               "PYTHONPATH": os.pathsep.join([probe_dir, os.environ.get("PYTHONPATH", "")])}
+        proc = start("fs_probe_mod", [code, "x y"], env, stdin_r, out.fileno(), err.fileno())
+    os.close(stdin_r)
+    os.write(stdin_w, b"hello\n")
+    os.close(stdin_w)
+    if code == "sleep":
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.kill()
+    rc = proc.wait(30)
+    with open(out_path) as fh:
+        line = fh.read().strip().splitlines()[0]
+    with open(err_path) as fh:
+        return rc, json.loads(line), fh.read()
+
+
+def _own_process(module: str, args: list[str], env: dict, stdin: int, stdout: int, stderr: int) -> subprocess.Popen:
+    return subprocess.Popen(command(module, *args), env=env, stdin=stdin, stdout=stdout, stderr=stderr)
+
+
+def contract_case() -> None:
+    """The same probe, forked and on its own: the same argv, stdin, streams, cwd, env, parent and exit codes."""
+    probe_dir = _probe_dir()
+    workdir = tempfile.mkdtemp(prefix="fs_work_")
+    server = ForkServer(os.environ, os.path.join(workdir, "forkserver.log"), preload=("json",))
+    server.start()
+    assert server.usable
+
+    def forked(*args: Any) -> ForkedProcess:
+        proc = server.spawn(*args)
+        assert isinstance(proc, ForkedProcess), proc
+        return proc
+
+    try:
+        for code in ("0", "3", "raise", "sleep"):
+            results = [_run(start, code, probe_dir, workdir) for start in (forked, _own_process)]
+            (rc_f, info_f, err_f), (rc_o, info_o, err_o) = results
+            expected = {"0": 0, "3": 3, "raise": 1, "sleep": -signal.SIGKILL}[code]
+            assert rc_f == rc_o == expected, (code, rc_f, rc_o)
+            assert info_f == info_o, (info_f, info_o)
+            assert info_f["argv"] == [code, "x y"] and info_f["stdin"] == "hello" and info_f["env"] == f"v{code}"
+            assert info_f["ppid"] == os.getpid() and info_f["name"] == "__main__" and info_f["path_has_probe_dir"]
+            assert "to stderr" in err_f and "to stderr" in err_o
+            assert ("probe failed" in err_f) == ("probe failed" in err_o) == (code == "raise")
+            assert "RuntimeWarning" not in err_f, err_f
+    finally:
+        server.close()
+
+
+def launcher_death_case() -> None:
+    """A forked task dies with the process that asked for it, as a task started on its own does."""
+    probe_dir = _probe_dir()
+    workdir = tempfile.mkdtemp(prefix="fs_work_")
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from tf_ecrec.launcher.forkserver import ForkServer
+        server = ForkServer(os.environ, {os.path.join(workdir, "fs.log")!r}, preload=("json",))
+        server.start()
+        env = {{**os.environ, "PYTHONPATH": {probe_dir!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}
+        r, w = os.pipe()
+        proc = server.spawn("fs_probe_mod", ["sleep"], env, r, 1, 2)
+        print(proc.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    pid = int(launcher.stdout.readline())
+    os.kill(pid, 0)  # it runs
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{pid}/stat") as fh:  # a zombie of init's counts as gone
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the forked task {pid} outlived its launcher")
+
+
+def switched_off_case() -> None:
+    """With TF_ECREC_FORKSERVER=0 there is no server: spawn says so and the caller starts the task itself."""
+    os.environ[ENV_FORKSERVER] = "0"
+    server = ForkServer(os.environ, os.devnull, preload=("json",))
+    server.start()
+    assert not server.usable
+    assert server.spawn("json", [], os.environ, 0, 1, 2) is None
+    server.close()
+
+
+def failed_preload_case() -> None:
+    """A server whose imports fail is not used: spawn returns None, so each task meets the failure in its own log."""
+    workdir = tempfile.mkdtemp(prefix="fs_work_")
+    log = os.path.join(workdir, "fs.log")
+    server = ForkServer(os.environ, log, preload=("json", "no_such_module_for_the_fork_server"))
+    server.start()
+    assert server.spawn("json", [], os.environ, 0, 1, 2) is None and not server.usable
+    server.close()
+    with open(log) as fh:
+        assert "no_such_module_for_the_fork_server" in fh.read()
+
+
+def test_a_forked_task_gets_what_python_m_gives_it(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:contract_case", timeout=120)
+
+
+def test_a_forked_task_dies_with_its_launcher(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:launcher_death_case", timeout=120)
+
+
+def test_the_server_can_be_switched_off(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:switched_off_case", timeout=60)
+
+
+def test_a_server_that_cannot_load_is_not_used(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:failed_preload_case", timeout=60)

@@ -1,0 +1,362 @@
+"""Starts the local launcher's TensorFlow processes from one that has TensorFlow loaded already.
+
+Every task of a local job (PS, chief, workers, spares, the end-of-job reader) is a Python process
+that imports TensorFlow, and the import costs about 5 s of CPU per process, more than the rest of
+a short job's start-up together: a 3-PS job with a chief spends most of its first 20 s of CPU
+importing the same modules six times, and on a 2-core machine those imports queue behind each
+other.  So the launcher starts one *fork server* first (``python -m tf_ecrec.launcher.forkserver``,
+through `tf_ecrec.launcher.child`, so it dies with the launcher): it imports TensorFlow, the op
+library and the task modules once, creates no session, server or thread of its own, then forks a
+process per request.  A forked task shares the loaded modules copy-on-write and starts at once.
+
+Each task is a child of the launcher, not of the fork server: the server forks twice and the
+middle process exits at once, so the task is re-parented to the launcher, which has made itself a
+child subreaper (``PR_SET_CHILD_SUBREAPER``) and waits for it like any child of its own
+(`ForkedProcess`: exit code, or minus the signal that killed it, as `subprocess.Popen` gives).  The
+task then asks for SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``), as every child of the
+launcher does.
+
+The request carries what ``python -m MODULE ARGS`` with ``env`` and ``cwd`` would get; the task's
+standard streams are passed as descriptors over the server's Unix socket (``SCM_RIGHTS``).  What a
+fork cannot change is fixed at the server's start: environment variables that TensorFlow reads
+while it is imported (``TF_CPP_MIN_LOG_LEVEL``, ``TF_ENABLE_ONEDNN_OPTS``) take the server's values;
+the launcher starts the server with the environment it gives every task.
+
+`ForkServer.start` never fails the launch, and `ForkServer.spawn` returns None when there is no
+server to ask (``TF_ECREC_FORKSERVER=0``, no subreaper, or its imports failed): the launcher then
+starts the task as a process of its own (``python -m``), which meets any import failure in its own
+log.  `spawn` raises `LaunchError` only when a running server stops answering.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tf_ecrec.errors import LaunchError
+
+ENV_FORKSERVER = "TF_ECREC_FORKSERVER"  # "0": every task imports TensorFlow itself
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+_PR_SET_CHILD_SUBREAPER = 36
+_MAX_REQUEST = 1 << 20
+# Modules every task process needs; importing them is what the server saves each task.
+PRELOAD = (
+    "tensorflow",
+    "tf_ecrec.ops.loader",
+    "tf_ecrec.launcher.task",
+    "tf_ecrec.live_cluster",
+)
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return False
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+class ForkedProcess:
+    """A task forked by the server and re-parented to this process: the part of `subprocess.Popen` the launcher uses.
+
+    Args:
+      pid: the task's process id (a child of this process).
+      args: what it runs, for messages.
+    """
+
+    def __init__(self, pid: int, args: Sequence[str]) -> None:
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags: int) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: the code is lost, not the fact that it ended
+                self.returncode = -signal.SIGKILL if self.returncode is None else self.returncode
+                return self.returncode
+            if pid == 0:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            code = self._reap(0)
+            assert code is not None
+            return code
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            delay = min(delay * 2, remaining, 0.05)
+            time.sleep(delay)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """The launcher's side: starts the server, asks it for processes, stops it.
+
+    Args:
+      env: the environment the server is started with (the one every task gets, before its own).
+      log_path: where the server's own output goes.
+      preload: modules the server imports before it serves.
+    """
+
+    def __init__(self, env: Mapping[str, str], log_path: str, preload: Sequence[str] = PRELOAD) -> None:
+        self._env = dict(env)
+        self._log_path = log_path
+        self._preload = tuple(preload)
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._ready = False
+        self.usable = False
+
+    def start(self) -> None:
+        """Starts the server (it imports in the background; `spawn` waits for it)."""
+        if self._proc is not None or os.environ.get(ENV_FORKSERVER, "1") == "0":
+            return
+        if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+            return  # its tasks could not be waited for: every task is started on its own
+        from tf_ecrec.launcher.child import command
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(self._log_path, "a", encoding="utf-8") as log:
+            self._proc = subprocess.Popen(
+                command("tf_ecrec.launcher.forkserver", str(os.getpid()), *self._preload),
+                stdin=theirs.fileno(), stdout=log, stderr=subprocess.STDOUT, env=self._env,
+            )
+        theirs.close()
+        self._sock = ours
+        self.usable = True
+
+    def _await_ready(self, timeout: float) -> bool:
+        """Waits for the server's imports; False (and not usable) when they failed."""
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        try:
+            msg = self._sock.recv(_MAX_REQUEST)
+        except TimeoutError:
+            raise LaunchError(f"the fork server did not load TensorFlow within {timeout:.0f} s; its log: {self._log_path}") from None
+        finally:
+            self._sock.settimeout(None)
+        self._ready = json.loads(msg or b"{}").get("ready") is True
+        self.usable = self._ready
+        return self._ready
+
+    def spawn(
+        self,
+        module: str,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        name: str = "",
+        timeout: float = 300.0,
+    ) -> ForkedProcess | None:
+        """Starts ``python -m module args`` with `env` and the three descriptors as its standard streams.
+
+        A forked task's command line is the server's; `name` (such as ``ps:0``) becomes its
+        process name (``ps -o comm``, ``top``), cut to 15 bytes.
+
+        Returns None when there is no server to ask (not started, or its imports failed: the
+        caller starts the process itself, and the process meets the same failure in its own log).
+
+        Raises:
+          LaunchError: the server is gone, or did not answer within `timeout`.
+        """
+        if not self.usable or self._sock is None:
+            return None
+        with self._lock:
+            try:
+                if not self._ready and not self._await_ready(timeout):
+                    return None
+                request = json.dumps({"module": module, "args": list(args), "env": dict(env), "cwd": os.getcwd(),
+                                      "name": name})
+                socket.send_fds(self._sock, [request.encode()], [stdin, stdout, stderr])
+                self._sock.settimeout(timeout)
+                answer = json.loads(self._sock.recv(_MAX_REQUEST) or b"{}")
+                self._sock.settimeout(None)
+            except (OSError, ValueError) as exc:
+                self.usable = False
+                raise LaunchError(f"the fork server failed ({exc}); its log: {self._log_path}\n{self._tail()}") from exc
+        if "pid" not in answer:
+            self.usable = False
+            raise LaunchError(f"the fork server could not start {module}: {answer.get('error')}; its log: {self._log_path}")
+        return ForkedProcess(int(answer["pid"]), [module, *args])
+
+    def close(self) -> None:
+        """Stops the server; the tasks it started are the launcher's and stay up."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        self.usable = False
+
+    def _tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self._log_path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()[-limit:]
+        except OSError:
+            return ""
+
+
+# ---- the server -------------------------------------------------------------------------------
+
+
+def _serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Answers requests until the launcher closes the socket; returns a request only in a forked task."""
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 3)
+        if not msg:
+            return None
+        try:
+            request = json.loads(msg)
+            if len(fds) != 3:
+                raise ValueError(f"expected 3 descriptors, got {len(fds)}")
+        except ValueError as exc:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": str(exc)}).encode())
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        middle = os.fork()
+        if middle == 0:
+            os.close(read_end)
+            try:
+                task = os.fork()
+            except OSError:
+                os._exit(1)
+            if task == 0:
+                os.close(write_end)
+                sock.close()
+                request["fds"] = fds
+                return request
+            os.write(write_end, str(task).encode())
+            os._exit(0)
+        os.close(write_end)
+        for fd in fds:
+            os.close(fd)
+        with os.fdopen(read_end, "rb") as pipe:
+            pid_text = pipe.read()
+        os.waitpid(middle, 0)
+        answer = {"pid": int(pid_text)} if pid_text else {"error": "the fork failed"}
+        sock.send(json.dumps(answer).encode())
+
+
+def _become_task(request: dict[str, Any], launcher: int) -> None:
+    """In the forked task: wait to be the launcher's child, then take the request's streams, directory and environment."""
+    deadline = time.monotonic() + 10.0
+    while os.getppid() != launcher:  # the middle process is exiting; the launcher adopts us
+        if time.monotonic() > deadline:
+            os._exit(1)
+        time.sleep(0.0005)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # it died before the request took
+        os._exit(1)
+    if request.get("name"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(_PR_SET_NAME, ctypes.c_char_p(request["name"].encode()[:15]), 0, 0, 0)
+        except OSError:
+            pass
+    for target, fd in enumerate(request["fds"]):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    env = request["env"]
+    old_path = os.environ.get("PYTHONPATH", "")
+    os.environ.clear()
+    os.environ.update(env)
+    # Directories the task's PYTHONPATH adds to the server's: what its interpreter would have had.
+    known = set(filter(None, old_path.split(os.pathsep)))
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in known]):
+        sys.path.insert(0, entry)
+    if "numpy" in sys.modules:  # `random` reseeds itself after a fork; NumPy's global generator does not
+        sys.modules["numpy"].random.seed()
+    from tf_ecrec.launcher.memory_limit import join_cgroup_from_environment
+
+    join_cgroup_from_environment()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or not argv[0].isdigit():
+        print("usage: python -m tf_ecrec.launcher.forkserver LAUNCHER_PID [MODULE...]  (socket on stdin)", file=sys.stderr)
+        return 2
+    launcher, preload = int(argv[0]), argv[1:]
+    sock = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        import importlib
+
+        for name in preload:
+            importlib.import_module(name)
+        if "tf_ecrec.ops.loader" in sys.modules:
+            sys.modules["tf_ecrec.ops.loader"].load_library()
+    except Exception as exc:  # a broken install: each task, started on its own, reports it in its log
+        print(f"tf_ecrec.launcher.forkserver: loading {preload} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sock.send(json.dumps({"ready": False}).encode())
+        return 1
+    sock.send(json.dumps({"ready": True}).encode())
+    request = _serve(sock)
+    if request is None:
+        return 0
+    _become_task(request, launcher)
+    module, args = request["module"], request["args"]
+    # As under `python -m`: the module runs as __main__ only (its imports stay loaded).
+    sys.modules.pop(module, None)
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
