@@ -11,7 +11,7 @@ import sys
 import time
 
 from conftest import REPO, cli
-from harness.procs import descendants, running
+from harness.procs import descendants, running, task_name
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 
@@ -114,19 +114,26 @@ def test_criteo_data_corrupt_lines_are_counted_or_fail_the_run(tmp_path, criteo_
 
 def test_ctrl_c_stops_every_task(tmp_path):
     model_dir = str(tmp_path / "int")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--ps", "2", "--workers", "2",
-         "--steps", "100000", *SMALL],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.time() + 60
-    # the 2 PS and the chief up, and the fork server they were forked from
-    while len(descendants(proc.pid)) < 4 and time.time() < deadline:
-        time.sleep(0.5)
-    tasks = descendants(proc.pid)
-    assert len(tasks) >= 4, tasks
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    args = ["tf_ecrec.cli", "run", "--model-dir", model_dir, "--ps", "2", "--workers", "2", "--steps", "100000", *SMALL]
+    # Ctrl-C as a terminal gives it, whatever this test runner inherited (a background job ignores SIGINT).
+    launcher = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                f"sys.argv = {args!r}; runpy.run_module('tf_ecrec.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # the PS and the chief up
+            names = {task_name(pid) for pid in descendants(proc.pid)}
+            if {"ps:0", "ps:1", "chief:0"} <= names:
+                break
+            time.sleep(0.5)
+        tasks = descendants(proc.pid)
+        assert {"ps:0", "ps:1", "chief:0"} <= {task_name(pid) for pid in tasks}, tasks
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130 and "every task was stopped" in err
     assert [pid for pid in tasks if running(pid)] == []
 
