@@ -21,13 +21,20 @@ TIER_TIMEOUTS = {"unit": 300, "integration": 900, "e2e": 1200}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its tier (the directory it is in) and gives it the tier's time limit."""
+    """Marks every test with its tier (the directory it is in), gives it the tier's time limit and its xdist group.
+
+    The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject.toml): the e2e
+    tier is one group, so its jobs run one at a time on one worker (each launches a whole cluster of
+    processes and spends half its time waiting on it), while the other worker takes the unit and
+    integration modules, a module at a time (its module-scoped clusters start once).
+    """
     for item in items:
         parts = item.path.relative_to(REPO).parts
         tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else None
         if tier not in TIER_TIMEOUTS:
             continue
         item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else "/".join(parts[1:])))
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
 
