@@ -20,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIER_TIMEOUTS = {"unit": 300, "integration": 900, "e2e": 1200}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test with its tier (the directory it is in), gives it the tier's time limit and its xdist group.
 
