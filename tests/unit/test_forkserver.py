@@ -17,6 +17,8 @@ import textwrap
 import time
 from typing import Any
 
+from harness.procs import running
+
 from tf_ecrec.launcher.child import command
 from tf_ecrec.launcher.forkserver import ENV_FORKSERVER, ForkedProcess, ForkServer
 
@@ -130,13 +132,8 @@ def launcher_death_case() -> None:
     launcher.wait()
     deadline = time.time() + 10
     while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not running(pid):  # gone, or a zombie of init's
             return
-        with open(f"/proc/{pid}/stat") as fh:  # a zombie of init's counts as gone
-            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return
         time.sleep(0.05)
     raise AssertionError(f"the forked task {pid} outlived its launcher")
 

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from tf_ecrec.errors import LaunchError
-from tf_ecrec.launcher.child import command
-from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer
+from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
 
 
 class DigestReader:
@@ -61,12 +60,8 @@ class DigestReader:
         stdin_r, self._stdin = os.pipe()
         self._stdout, stdout_w = os.pipe()
         try:
-            if self.forkserver is not None:
-                self._proc = self.forkserver.spawn("tf_ecrec.live_cluster", [self._manifest, "-"], env,
-                                                    stdin_r, stdout_w, self._log.fileno(), name="digest")
-            if self._proc is None:
-                self._proc = subprocess.Popen(command("tf_ecrec.live_cluster", self._manifest, "-"),
-                                              stdin=stdin_r, stdout=stdout_w, stderr=self._log, env=env)
+            self._proc = start_process(self.forkserver, "tf_ecrec.live_cluster", [self._manifest, "-"], env,
+                                       stdin_r, stdout_w, self._log, name="digest")
         finally:
             os.close(stdin_r)
             os.close(stdout_w)

@@ -88,7 +88,7 @@ class ForkedProcess:
             try:
                 pid, status = os.waitpid(self.pid, flags)
             except ChildProcessError:  # reaped elsewhere: the code is lost, not the fact that it ended
-                self.returncode = -signal.SIGKILL if self.returncode is None else self.returncode
+                self.returncode = -signal.SIGKILL
                 return self.returncode
             if pid == 0:
                 return None
@@ -242,6 +242,30 @@ class ForkServer:
                 return fh.read()[-limit:]
         except OSError:
             return ""
+
+
+def start_process(
+    forkserver: ForkServer | None,
+    module: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    stdin: Any,
+    stdout: Any,
+    stderr: Any,
+    name: str = "",
+) -> subprocess.Popen | ForkedProcess:
+    """``python -m module args`` as a child of this process that dies with it: forked from `forkserver`
+    when there is one to ask, else started through `tf_ecrec.launcher.child`.
+
+    The streams are descriptors or files (``fileno()``), as `subprocess.Popen` takes them.
+    """
+    fds = [s if isinstance(s, int) else s.fileno() for s in (stdin, stdout, stderr)]
+    proc = forkserver.spawn(module, args, env, fds[0], fds[1], fds[2], name=name) if forkserver is not None else None
+    if proc is not None:
+        return proc
+    from tf_ecrec.launcher.child import command
+
+    return subprocess.Popen(command(module, *args), env=dict(env), stdin=fds[0], stdout=fds[1], stderr=fds[2])
 
 
 # ---- the server -------------------------------------------------------------------------------

@@ -31,8 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.launcher.child import command as child_command
-from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer
+from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
 from tf_ecrec.launcher.model_dir import job_file, log_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
 
@@ -182,21 +181,9 @@ class ProcessTable:
         task.log = open(log_file(self.job.model_dir, task.name), "a", encoding="utf-8")
         task.log.write(f"==== start {task.name} at {time.strftime('%H:%M:%S')} ====\n")
         task.log.flush()
-        task.process = None
-        if self.forkserver is not None:
-            with open(os.devnull, "rb") as devnull:
-                task.process = self.forkserver.spawn("tf_ecrec.launcher.task", [job_file(self.job.model_dir)], env,
-                                                     devnull.fileno(), task.log.fileno(), task.log.fileno(),
-                                                     name=task.name)
-        if task.process is None:
-            task.process = subprocess.Popen(
-                # dies with us; no preexec_fn (see child.py)
-                child_command("tf_ecrec.launcher.task", job_file(self.job.model_dir)),
-                env=env,
-                stdout=task.log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        with open(os.devnull, "rb") as devnull:
+            task.process = start_process(self.forkserver, "tf_ecrec.launcher.task", [job_file(self.job.model_dir)], env,
+                                         devnull, task.log, task.log, name=task.name)
         task.state = TaskState.RUNNING
         task.started_at, task.member_since, task.training = now, None, False
 
