@@ -71,7 +71,7 @@ setup(
         "tqdm",
         "matplotlib",
     ],
-    extras_require={"test": ["pytest>=7", "grpcio-tools==1.62.3"]},
+    extras_require={"test": ["pytest>=7", "grpcio-tools==1.62.3", "redis==5.0.8"], "redis": ["redis==5.0.8"]},
     entry_points={"console_scripts": ["tf-ecrec = tf_ecrec.cli:main"]},
     cmdclass={"build_py": BuildPyWithOps},
     distclass=BinaryDistribution,

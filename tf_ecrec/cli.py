@@ -36,7 +36,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="dlrm",
                    help="dlrm, dcn, keras_dlrm (--strategy pss), or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
-    p.add_argument("--data", default="synthetic", help="synthetic | criteo:PATH[,PATH...]")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic | criteo:PATH[,PATH...] | stream:DIR | stream:redis://HOST:PORT/DB/TOPIC/PARTITION")
     p.add_argument("--strategy", default="estimator", choices=values(Strategy),
                    help="estimator (sessions, the default) or pss: TF2 ParameterServerStrategy with Keras fit "
                    "(--model keras_dlrm or a module with keras_model; docs/pss.md)")

@@ -34,6 +34,10 @@ class DataError(EcRecError, ValueError):
     """Training data is malformed (a corrupt record under ``--on-corrupt fail``)."""
 
 
+class StreamUnavailable(DataError, ConnectionError):
+    """A stream's broker did not answer; the records are not known to be bad: read again later."""
+
+
 class LaunchError(EcRecError):
     """The local cluster launcher could not start or keep running a task."""
 

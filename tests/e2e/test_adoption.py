@@ -144,3 +144,12 @@ def test_a_model_module_that_breaks_the_contract_stops_the_launch_with_its_name(
     assert missing.returncode == 2 and "cannot import module 'not_a_module_here'" in missing.stderr, missing.stderr[-2000:]
     bad = _cli_in(str(tmp_path), "run", "--model", "my-model", "--model-dir", str(tmp_path / "m"), "--quiet")
     assert bad.returncode == 2 and "nor a module path" in bad.stderr, bad.stderr[-2000:]
+    # A model_fn that raises: the chief dies of it, and the launcher names the exception, not the gRPC noise after it.
+    (tmp_path / "raising_model.py").write_text(
+        "from tf_ecrec.examples.dlrm import default_params  # noqa: F401\n\n\n"
+        "def model_fn(features, labels, mode, params):\n    raise RuntimeError('this model_fn breaks')\n")
+    broke = _cli_in(str(tmp_path), "run", "--model", "raising_model", "--model-dir", str(tmp_path / "r"), "--ps", "1",
+                    "--workers", "1", "--steps", "20", "--fault-tolerance", "none", "--quiet")
+    assert broke.returncode == 1 and "exited with code 1; it raised (its log: " in broke.stderr, broke.stderr[-3000:]
+    assert "Traceback (most recent call last):" in broke.stderr, broke.stderr[-3000:]
+    assert "RuntimeError: this model_fn breaks" in broke.stderr, broke.stderr[-3000:]

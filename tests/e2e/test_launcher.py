@@ -11,6 +11,7 @@ import sys
 import time
 
 from conftest import REPO, cli
+from harness.ports import free_port_block, free_ports
 from harness.procs import descendants, running, task_name
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
@@ -31,10 +32,11 @@ def test_malformed_kill_and_bad_combinations_fail_before_anything_starts(tmp_pat
 
 
 def test_a_port_in_use_is_named_before_any_task_starts(tmp_path):
+    base = free_port_block(3)  # the job needs 3 ports (PS, chief, master); the middle one is taken
+    port = base + 1
     blocker = socket.socket()
-    blocker.bind(("127.0.0.1", 0))
+    blocker.bind(("127.0.0.1", port))
     blocker.listen()
-    port = blocker.getsockname()[1]
     try:
         result = cli("run", "--model-dir", str(tmp_path), "--ps", "1", "--workers", "1", "--base-port", str(port - 1))
     finally:
@@ -139,12 +141,7 @@ def test_ctrl_c_stops_every_task(tmp_path):
 
 
 def test_the_example_runs_as_a_plain_estimator_script_under_tf_config(tmp_path):
-    ports = []
-    for _ in range(2):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        ports.append(s.getsockname()[1])
-        s.close()
+    ports = free_ports(2)
     cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "chief": [f"127.0.0.1:{ports[1]}"]}
     script = os.path.join(REPO, "estimator_examples", "dlrm.py")
     model_dir = str(tmp_path / "plain")

@@ -55,9 +55,42 @@ def test_a_stream_trains_as_it_arrives_through_an_oom_ps_and_a_hung_worker_with_
     assert oom[0]["action"] == "restarted with a 1350 MB memory limit (was 900 MB)"
     hang = [e for e in exits if e["task"] == "worker:0" and e["kind"] == "hang"]
     assert len(hang) == 1 and hang[0]["action"] == "restarted", exits
+    assert [e for e in exits if e["kind"] == "hang"] == hang, exits  # not the chief while it rebuilt ps:1
     assert "out of memory" in result.stderr and "made no progress" in result.stderr
     assert {e["kind"] for e in exits} >= {"oom", "hang", "exited"}
     (rec,) = [r for r in report["recovery"] if r["task"] == "ps:1"]  # the OOM-killed PS, rebuilt from parity
     assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
     parity = report["parity"]
     assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0
+
+
+def test_a_redis_stream_partition_trains_as_it_arrives_through_a_killed_ps_with_every_record_once(tmp_path):
+    """``--data stream:redis://...``: a producer appends batches of Criteo records to a Redis Streams partition
+    (tf_ecrec.data.redis_stream) while the job trains; a PS is killed and rebuilt from parity on the way."""
+    from harness.redis_server import redis_server
+
+    with redis_server(str(tmp_path)) as url:
+        target = f"{url}/clicks/p0"
+        producer = subprocess.Popen([sys.executable, "-m", "tf_ecrec.data.redis_stream", target, "--batches", "6",
+                                     "--records", "10000", "--interval", "4"])
+        try:
+            before_cli = time.time()
+            result = cli("run", "--model-dir", str(tmp_path / "m"), "--data", f"stream:{target}", "--fault-tolerance",
+                         "ecrec", "--ec", "2+1", "--ps", "3", "--workers", "2", "--table-rows", "2000",
+                         "--embedding-dim", "8", "--quiet", "--restart-delay", "1", "--kill", "ps:1@step=100")
+        finally:
+            assert producer.wait(timeout=120) == 0
+            producer_done = time.time()
+        assert result.returncode == 0, result.stderr[-4000:]
+    with open(os.path.join(tmp_path / "m", "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    data = report["data"]
+    assert data["records_total"] == 60_000 and data["finished"] and data["records_failed"] == 0, data
+    assert data["records_trained"] - data["records_retrained"] == data["records_total"], data
+    assert data["records_retrained"] <= data["records_in_flight_at_failures"], data
+    assert data["corrupt_records"] == 0, data
+    first_trained = next(t for t, rate in report["throughput"] if rate > 0)
+    assert before_cli + 5.0 + first_trained < producer_done, (first_trained, producer_done - before_cli)
+    (rec,) = report["recovery"]
+    assert rec["task"] == "ps:1" and rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+    assert report["parity"]["mismatches"] == 0 and report["parity"]["replica_mismatches"] == 0

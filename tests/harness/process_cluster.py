@@ -13,16 +13,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from harness.ports import free_port as pick
+
+    return pick()
 
 
 def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:

@@ -10,7 +10,6 @@ for bit (`tf_ecrec.verify.check_parity`).
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
@@ -26,13 +25,9 @@ NUM_PS, NUM_WORKERS = 5, 3
 
 
 def _ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    from harness.ports import free_ports
+
+    return free_ports(n)
 
 
 @pytest.fixture(scope="module")

@@ -52,12 +52,12 @@ def zk_master(zookeeper, zk_job_path, tmp_path) -> Iterator[MasterHandle]:
 
 
 def join(zookeeper, path: str, master: MasterHandle, task: str,
-         port: int) -> tuple[MasterClient, ZooKeeperMembership]:
+         port: int, session_timeout: float = 4.0) -> tuple[MasterClient, ZooKeeperMembership]:
     """Registers a task and joins ZooKeeper; returns once the master saw the join."""
     task_type, _, index = task.partition(":")
     client = MasterClient(master.address, task_type, int(index))
     client.register(f"127.0.0.1:{port}")
-    backend = ZooKeeperMembership(zookeeper.hosts, path, session_timeout=4.0)
+    backend = ZooKeeperMembership(zookeeper.hosts, path, session_timeout=session_timeout)
     backend.join(Member(task_type, int(index), f"127.0.0.1:{port}", client.generation))
     incarnation = f"zk-session-{backend.kazoo_client.client_id[0]:x}"
     view: MasterView = master.view  # type: ignore[attr-defined]
@@ -120,7 +120,9 @@ def test_a_registered_task_that_never_joins_zookeeper_is_lost_after_the_grace(
 
 def test_tasks_survive_a_zookeeper_restart_without_being_declared_lost(
         zookeeper, zk_job_path, zk_master) -> None:
-    worker, worker_zk = join(zookeeper, zk_job_path, zk_master, "worker:0", 2000)
+    # A session outlives a server restart only if the client gets back within its timeout of the server
+    # being up again; 4 s was too short for a loaded CI machine (the JVM answered late, the session expired).
+    worker, worker_zk = join(zookeeper, zk_job_path, zk_master, "worker:0", 2000, session_timeout=12.0)
     wait_until(lambda: "worker:0" in worker_zk.members(), 5, "the member")
     version = worker.get_cluster().version
     zookeeper.restart(down_for=0.3)

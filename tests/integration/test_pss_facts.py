@@ -7,7 +7,6 @@ cluster, which no other test of this process may inherit.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,9 +24,9 @@ server.join()
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
+    from harness.ports import free_port
+
+    return free_port()
 
 
 def _cluster(num_ps: int) -> tuple[dict[str, list[str]], dict[tuple[str, int], subprocess.Popen[str]], Callable[[str, int], None]]:

@@ -14,7 +14,6 @@ it (use the `tf_cluster` fixture factory with ``scope="module"``).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import pytest
@@ -24,15 +23,10 @@ from tf_ecrec.config import ClusterConfig
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct loopback ports nobody listened on when asked (all held open together)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct loopback ports nobody listened on when asked (`harness.ports`)."""
+    from harness.ports import free_ports as pick
+
+    return pick(n)
 
 
 class InProcessCluster:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.diagnosis import ExitKind, classify, exit_entries, parse_injection
+from tf_ecrec.launcher.diagnosis import ExitKind, classify, exit_entries, last_traceback, parse_injection
 from tf_ecrec.launcher.events import Event
 from tf_ecrec.launcher.spec import JobSpec
 
@@ -67,3 +71,60 @@ def test_the_report_lists_kills_crashes_and_exits_with_their_diagnosis():
     out = exit_entries(events)
     assert [(e["task"], e["kind"]) for e in out] == [("ps:1", "killed"), ("ps:0", "oom"), ("worker:0", "exited")]
     assert out[1]["action"] == "x" and out[1]["global_step"] == 50
+
+
+def test_the_traceback_that_ended_a_process_is_found_under_the_noise_after_it():
+    """A real interpreter: a destructor's ignored exception first, then the fatal one (chained), then pages
+    of teardown errors, as TensorFlow's gRPC channels print them after a task dies of an exception."""
+    script = textwrap.dedent(
+        """
+        import atexit, sys
+
+        class Closes:
+            def __del__(self):
+                raise RuntimeError("ignored in a destructor")
+
+        def noise():
+            for i in range(200):
+                print(f"E context.cc:884] Failed to remove function remotely {i}", file=sys.stderr)
+
+        atexit.register(noise)
+        c = Closes()
+        del c
+
+        def recover():
+            try:
+                raise ValueError("the first")
+            except ValueError as exc:
+                raise KeyError("the PS is not up") from exc
+
+        recover()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "ignored in a destructor" in result.stderr
+    found = last_traceback(result.stderr)
+    assert found is not None and found.startswith("Traceback (most recent call last):"), found
+    assert found.endswith("KeyError: 'the PS is not up'") and "in recover" in found, found
+    assert "destructor" not in found and "Failed to remove" not in found, found
+
+
+def test_interleaved_ignored_tracebacks_a_cut_one_and_none_are_not_taken_for_the_error():
+    ignored = [
+        "Exception ignored in: <function Executor.__del__>Exception ignored in: <function Executor.__del__>",
+        "Traceback (most recent call last):",
+        '  File "executor.py", line 46, in __del__',
+        "",
+        "Traceback (most recent call last):",
+        '  File "executor.py", line 46, in __del__',
+        "tensorflow.python.framework.errors_impl.UnavailableError: Socket closed",
+    ]
+    assert last_traceback("\n".join(ignored)) is None
+    fatal = ["Traceback (most recent call last):", '  File "fit.py", line 9, in fit', "RecoveryError: gone"]
+    assert last_traceback("\n".join(fatal + ignored)) == "\n".join(fatal)
+    assert last_traceback("\n".join(fatal + ["Traceback (most recent call last):", '  File "x.py"'])) == "\n".join(fatal)
+    assert last_traceback("no traceback here\nat all") is None
+    long = ["Traceback (most recent call last):", *[f'  File "f{i}.py", line 1, in f' for i in range(100)], "E: x"]
+    cut = last_traceback("\n".join(long), max_lines=10)
+    assert cut is not None and cut.splitlines()[:2] == ["Traceback (most recent call last):", "  ..."]
+    assert len(cut.splitlines()) == 11 and cut.endswith("E: x")

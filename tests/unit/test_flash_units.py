@@ -17,6 +17,7 @@ from tf_ecrec.flash.config import (
     Manifest,
     Tier,
     choose,
+    early_steps,
     job_key,
     shm_root,
     slot_dir,
@@ -48,6 +49,32 @@ def test_a_snapshot_is_due_by_steps_or_seconds():
     by_secs = FlashConfig(every_secs=5.0)
     assert not by_secs.due(10**6, 0, 4.9, 0.0)
     assert by_secs.due(0, 0, 5.0, 0.0)
+    assert not by_secs.due(10**6, 0, 4.9, 0.0, early_steps=50)  # the bound is in steps
+
+
+def test_rounds_start_early_by_what_the_last_ones_took_so_no_complete_snapshot_is_older_than_the_interval():
+    config = FlashConfig(every_steps=100)
+    assert early_steps([]) == 0 and early_steps([0, -3]) == 0
+    assert early_steps([30, 41, 12]) == 41 + 5  # the worst, plus a tenth of it (rounded up)
+    early = early_steps([41])
+    assert not config.due(100 + 100 - early - 1, 100, 0.0, 0.0, early) and config.due(100 + 100 - early, 100, 0.0, 0.0, early)
+    assert config.due(101, 100, 0.0, 0.0, early_steps=500)  # never more than once a step
+    # A model of the rounds: each is written `late` steps after it is due; with the early start, the newest
+    # complete snapshot is never more than 100 steps behind, while rounds without it let it reach 100 + late.
+    for late in (5, 35, 60):
+        for adapt in (True, False):
+            last, complete, lateness, worst, step, pending = 0, 0, [], 0, 0, None
+            while step < 5000:
+                step += 1
+                worst = max(worst, step - complete) if complete else worst
+                if pending is not None and step >= pending[1]:
+                    complete, pending = pending[0], None
+                    lateness.append(late)
+                e = early_steps(lateness[-4:]) if adapt else 0
+                if pending is None and config.due(step, last, 0.0, 0.0, e):
+                    due_at = last + max(1, 100 - e)
+                    last, pending = step, (step, due_at + late)
+            assert (worst <= 100) == adapt, (late, adapt, worst)
 
 
 def test_the_manifest_round_trips_and_an_emptied_one_is_no_manifest():

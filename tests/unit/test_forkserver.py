@@ -174,3 +174,22 @@ def test_the_server_can_be_switched_off(fresh_process: Any) -> None:
 
 def test_a_server_that_cannot_load_is_not_used(fresh_process: Any) -> None:
     fresh_process("unit.test_forkserver:failed_preload_case", timeout=60)
+
+
+def test_a_task_adopted_by_another_process_than_the_launcher_leaves_at_once() -> None:
+    """The launcher can die between the server's answer and the task's first look at its parent: the task is
+    then adopted by another process and must leave before asking for the death signal, without waiting out
+    its 30-second guard (the launcher-death case above races into this path only now and then)."""
+    code = textwrap.dedent(
+        """
+        import os
+        from tf_ecrec.launcher.forkserver import _become_task
+        # Neither pid is this process's parent (pytest is), as when the launcher died and someone else adopted us.
+        _become_task({"middle": os.getpid(), "fds": [0, 1, 2], "cwd": "/", "env": {}}, launcher=os.getpid())
+        print("became a task", flush=True)
+        """
+    )
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "became a task" not in result.stdout, result
+    assert time.monotonic() - started < 20, "the task waited out its guard instead of leaving"

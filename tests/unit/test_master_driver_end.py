@@ -123,10 +123,27 @@ def test_a_trainer_waiting_for_records_is_not_hung_but_one_idle_while_records_wa
     t0 = time.time()
     watch.progressed("worker:0", t0)
     run.global_step = 100 + HANG_MIN_STEPS + 5  # the others trained on
-    # every record that exists is trained or leased: waiting for the next one is not a hang
-    assert watch.drive(t0 + 60, starved=True) == []
+    # every record that can be leased is trained or leased, and it holds none: waiting is not a hang
+    assert watch.drive(t0 + 60, waiting={"worker:0"}) == []
     assert worker.alive
     # records came: the clock starts again from there, and a worker still idle 4 s later is hung
     assert watch.drive(t0 + 62) == []
     run.global_step += HANG_MIN_STEPS
     assert watch.drive(t0 + 64.5) == [worker] and worker.process.returncode == -signal.SIGKILL
+
+
+def test_a_trainer_holding_a_lease_is_hung_even_when_nothing_is_left_to_lease(run):
+    # A trainer hung with the last records leased is what leaves nothing to lease: the others wait
+    # (exempt), it does not.
+    from tf_ecrec.launcher.exits import HANG_MIN_STEPS, ExitWatch
+
+    run.job = SimpleNamespace(ps_memory_mb=None, injections=(), hang_secs=4.0)
+    worker, other = run.tasks["worker:0"], run.tasks["worker:1"]
+    worker.training = other.training = True
+    watch = ExitWatch(run)
+    t0 = time.time()
+    watch.progressed("worker:0", t0)
+    watch.progressed("worker:1", t0)
+    run.global_step = 100 + HANG_MIN_STEPS + 5
+    assert watch.drive(t0 + 5, waiting={"worker:1"}) == [worker]
+    assert worker.process.returncode == -signal.SIGKILL and other.alive

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tf_ecrec.data.criteo import CriteoFiles
 from tf_ecrec.data.schema import NUM_CAT, NUM_DENSE
-from tf_ecrec.data.stream import StreamDirectory
+from tf_ecrec.data.stream import PartitionSource, StreamDirectory
 from tf_ecrec.data.synthetic import SyntheticCriteo
 from tf_ecrec.errors import ConfigError
 
@@ -299,7 +299,7 @@ def make_leased_dataset(
     ``on_empty`` instead of batches.
 
     Args:
-      source: a `SyntheticCriteo`, `CriteoFiles` or `StreamDirectory`.
+      source: a `SyntheticCriteo`, `CriteoFiles`, `StreamDirectory` or `PartitionSource`.
       open_ranges: called each time the pipeline starts (the Estimator
         re-initializes its iterator with every new session, dropping what
         was prefetched); returns the ranges to read from then on.
@@ -308,7 +308,7 @@ def make_leased_dataset(
     """
     sizes = _table_sizes(table_sizes, batch_size)
 
-    if isinstance(source, (CriteoFiles, StreamDirectory)):  # TSV lines by record index
+    if isinstance(source, (CriteoFiles, StreamDirectory, PartitionSource)):  # TSV lines by record index
 
         def gen_lines() -> Iterator[tuple[np.ndarray, int]]:
             for leased in open_ranges():

@@ -9,8 +9,9 @@ sequence of records with offsets ``0, 1, 2, ...``, whose end grows.
   appear (a file that sorts before one already taken is refused: `DataError`).  The directory is
   one partition whose offsets run across its files.  A ``_CLOSED`` file ends the stream.
 - A message queue (Kafka-like topics): a `PartitionedStream` whose partitions are the topic's, its
-  offsets the broker's.  `MemoryQueue` is the in-process implementation (tests, and the contract a
-  broker client must meet); no broker is installable on this machine's package registries.
+  offsets the broker's.  `MemoryQueue` is the in-process implementation, and
+  `tf_ecrec.data.redis_stream.RedisStreamQueue` the one on a real broker (Redis Streams; Kafka does
+  not install from this machine's package registries); one contract test runs on both.
 
 What a job has trained is a set of offset ranges per partition (the master's shard state, saved
 with the model), so a restart resumes at the saved offsets: nothing skipped, nothing repeated beyond
@@ -24,13 +25,15 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from tf_ecrec.data.criteo import CriteoFiles
-from tf_ecrec.errors import ConfigError, DataError
+from tf_ecrec.data.criteo import CriteoFiles, check_line
+from tf_ecrec.errors import ConfigError, DataError, StreamUnavailable
 
 CLOSED = "_CLOSED"
 SUFFIX = ".tsv"
 CAPACITY = 1 << 50
 """The most records a stream's index space holds (its master dataset's ``total_records``)."""
+READ_RETRY_SECS = 60.0
+"""How long a trainer's read of a queue partition retries a broker that does not answer."""
 
 
 class PartitionedStream(Protocol):
@@ -180,6 +183,83 @@ class MemoryQueue:
         if partition not in self._records:
             raise DataError(f"no partition {partition!r}; rule: one of {list(self._records)}; source: MemoryQueue")
         return partition
+
+
+class PartitionSource:
+    """One partition of a message queue (`PartitionedStream`) as a source of Criteo TSV lines by record
+    index: what the launcher's feed and the leased pipeline read, as they read a `StreamDirectory`.
+
+    Records are Criteo lines; a malformed one is counted and skipped (``on_corrupt="skip"``) or a
+    `DataError` naming its partition and offset (``"fail"``), as a file's would be.
+    """
+
+    def __init__(self, queue: PartitionedStream, partition: str, on_corrupt: str = "skip", name: str = "") -> None:
+        if partition not in queue.partitions():
+            raise ConfigError(f"partition {partition!r}; rule: one of {queue.partitions()}; source: {name or 'the queue'}")
+        self.queue = queue
+        self.partition = partition
+        self.on_corrupt = on_corrupt
+        self.name = name or f"partition {partition}"
+        self.corrupt_records = 0
+        self._end = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Reads the partition's end (and whether the topic is closed); returns the end offset."""
+        closed = self.queue.closed  # before the end: a close seen means every append before it is counted
+        end = self.queue.end_offset(self.partition)
+        with self._lock:
+            self._end, self._closed = max(self._end, end), self._closed or closed
+            return self._end
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def num_records(self) -> int:
+        return self._end
+
+    def read_lines(self, start: int, end: int) -> list[bytes]:
+        """The well-formed records among offsets [start, end)."""
+        if end > self._end:
+            self.refresh()
+        good = []
+        for i, record in enumerate(self._read(start, end)):
+            line = record.rstrip(b"\n")
+            rule = check_line(line)
+            if rule is None:
+                good.append(line)
+                continue
+            if self.on_corrupt == "fail":
+                raise DataError(f"corrupt record at offset {start + i} of {self.name}: {rule}; record: {line[:120]!r}. "
+                                "Fix the producer or run with --on-corrupt skip to count and skip such records.")
+            with self._lock:
+                self.corrupt_records += 1
+        return good
+
+    def describe(self) -> str:
+        return f"stream({self.name}; records={self._end}{', closed' if self._closed else ''})"
+
+    def _read(self, start: int, end: int) -> list[bytes]:
+        """The queue's records, a broker that does not answer retried for up to `READ_RETRY_SECS`."""
+        from tf_ecrec.retry import Retry
+
+        retry = Retry(max_tries=20, delay=0.2, deadline=READ_RETRY_SECS, retry_if=lambda exc: isinstance(exc, StreamUnavailable))
+        return retry(self.queue.read, self.partition, start, end)
+
+
+def open_stream(target: str, on_corrupt: str = "skip") -> StreamDirectory | PartitionSource:
+    """What ``--data stream:TARGET`` names: a directory, or a Redis Streams partition
+    (``redis://HOST:PORT/DB/TOPIC/PARTITION``, `tf_ecrec.data.redis_stream`)."""
+    if target.startswith("redis://"):
+        from tf_ecrec.data.redis_stream import RedisStreamQueue, parse_partition_url
+
+        url, topic, partition = parse_partition_url(target)
+        return PartitionSource(RedisStreamQueue.from_url(url, topic, [partition]), partition, on_corrupt, name=target)
+    return StreamDirectory(target, on_corrupt=on_corrupt)
 
 
 def file_name(index: int) -> str:

@@ -22,6 +22,7 @@ import enum
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from tf_ecrec.errors import ConfigError
@@ -74,10 +75,23 @@ class FlashConfig:
         if not self.shm_dir or not os.path.isabs(self.shm_dir):
             raise ConfigError(f"shm_dir={self.shm_dir!r}; rule: an absolute path; source: {source}")
 
-    def due(self, step: int, last_step: int, now: float, last_time: float) -> bool:
-        """Whether a snapshot is due at `step` and `now`, the last one taken at `last_step`, `last_time`."""
-        return bool((self.every_steps and step - last_step >= self.every_steps)
+    def due(self, step: int, last_step: int, now: float, last_time: float, early_steps: int = 0) -> bool:
+        """Whether a snapshot is due at `step` and `now`, the last one taken at `last_step`, `last_time`.
+
+        `early_steps`: start that many steps before the interval is up (at least one step after the
+        last): the steps a round takes from being due to its snapshot being complete, so that a
+        complete snapshot is never more than ``every_steps`` global steps behind.
+        """
+        interval = max(1, self.every_steps - max(0, int(early_steps)))
+        return bool((self.every_steps and step - last_step >= interval)
                     or (self.every_secs and now - last_time >= self.every_secs))
+
+
+def early_steps(lateness: Sequence[int]) -> int:
+    """How many steps early the next round starts, from the last rounds' lateness (global steps from
+    being due to their snapshot complete in memory): the largest, plus a tenth for its variation."""
+    worst = max(lateness, default=0)
+    return worst + (worst + 9) // 10 if worst > 0 else 0
 
 
 def job_key(model_dir: str) -> str:

@@ -21,6 +21,7 @@ coding").
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.flash.config import SLOTS, Tier
+from tf_ecrec.flash.config import SLOTS, Tier, early_steps
 from tf_ecrec.flash.snapshots import FlashSnapshots
 
 _LOG = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self._slot: int | None = None
         self._last_step = 0
         self._last_time = time.monotonic()
+        self._due_at: int | None = None  # the step the round being written became due at
+        self._lateness: collections.deque[int] = collections.deque(maxlen=4)  # steps from due to written
         self._epoch = 0
         self.rounds = 0
         self.skipped = 0
@@ -153,6 +156,7 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self._epoch = max(self._epoch, requested)
         self._last_step = int(session.run(self._step))
         self._last_time = time.monotonic()
+        self._due_at = None
         self._slot = None
 
     def before_run(self, run_context: Any) -> Any:
@@ -160,11 +164,18 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         step = int(run_values.results)
-        if not self._config.due(step, self._last_step, time.monotonic(), self._last_time):
+        writing = self._writer is not None and self._writer.is_alive()
+        if self._due_at is not None and not writing:  # the last round's snapshot is complete (or failed)
+            self._lateness.append(step - self._due_at)
+            self._due_at = None
+        early = early_steps(self._lateness)
+        if not self._config.due(step, self._last_step, time.monotonic(), self._last_time, early):
             return
-        if (self._writer is not None and self._writer.is_alive()) or self._busy():
+        if writing or self._busy():
             return
-        self.round(run_context.session)
+        due_at = self._last_step + max(1, self._config.every_steps - early)
+        if self.round(run_context.session) is not None and self._config.every_steps:
+            self._due_at = due_at
 
     def end(self, session: Any) -> None:
         self._join_writer()

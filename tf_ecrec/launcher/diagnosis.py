@@ -100,6 +100,32 @@ def classify(code: int, *, injected: bool = False, hung: bool = False, oom_kills
     return Diagnosis(ExitKind.EXITED, 0, "exited normally")
 
 
+def last_traceback(log: str, max_lines: int = 40) -> str | None:
+    """The last Python traceback in a task's `log` that ended it, with its exception line; None if there is none.
+
+    A process that dies of an exception prints it, then TensorFlow's teardown often prints pages of
+    gRPC errors after it, so the last lines of a log rarely say why.  Tracebacks Python printed and
+    went on from (``Exception ignored in ...``, from a destructor) are skipped.  A long
+    one keeps its first line and its last `max_lines` - 1.
+    """
+    lines = log.splitlines()
+    for start in range(len(lines) - 1, -1, -1):
+        if not lines[start].startswith("Traceback (most recent call last):"):
+            continue
+        if any("Exception ignored in" in line for line in lines[max(0, start - 8) : start]):
+            continue  # two threads' reports interleave: the marker may be a few lines up
+        end = start + 1
+        while end < len(lines) and (lines[end][:1].isspace() or not lines[end].strip()):
+            end += 1
+        if end == len(lines):  # cut off before its exception line
+            continue
+        block = lines[start : end + 1]
+        if len(block) > max_lines:
+            block = [block[0], "  ...", *block[-(max_lines - 1) :]]
+        return "\n".join(block)
+    return None
+
+
 INJECTION_KINDS = ("oom", "hang")
 
 

@@ -5,9 +5,12 @@
   times ``--oom-growth`` (erasure coding rebuilds it from parity), and the report says so.
 - **Hangs** (``--hang-secs S``, 0: off): a trainer that reported no step for S seconds while the
   job's global step went on by at least `HANG_MIN_STEPS` (so not a pause of the whole job, such as a
-  recovery) is killed and restarted.  Not while the data is starved (every record that exists is
-  trained or leased: a stream waiting for its next file, the data's tail): a trainer without a lease
-  then waits for records, which is not a hang; the clocks start again when records come.
+  recovery) is killed and restarted.  Any other report of work (a session created, lost PS recovered
+  or being rebuilt, a failover) starts its clock again: a chief rebuilding a PS while the workers
+  step on is not hung.  A trainer that holds no lease while nothing is left to lease (a stream
+  waiting for its next file or for the rest of a shard, the data's tail) waits for records, which
+  is not a hang: its clock starts again when records come.  A trainer that holds a lease stays
+  watched: a hung one holding the last records is what leaves nothing to lease.
 - **Injections** (``--inject oom:ps:I@step=N``, ``--inject hang:worker:I@step=N``): at step N the
   launcher makes a PS allocate memory until its limit kills it (SIGUSR1, `consume_memory_on_signal`),
   or freezes a trainer (SIGSTOP): the real failure, for tests and drills.
@@ -22,6 +25,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
@@ -53,9 +57,9 @@ class ExitWatch:
     def progressed(self, task: str, t: float) -> None:
         self._progress[task] = (t, self._run.global_step)
 
-    def drive(self, now: float, starved: bool = False) -> list[TaskProcess]:
-        """Due injections; the trainers found hung, killed (the supervisor restarts them).  `starved`:
-        no record is left to lease (see the module docstring)."""
+    def drive(self, now: float, waiting: Collection[str] = ()) -> list[TaskProcess]:
+        """Due injections; the trainers found hung, killed (the supervisor restarts them).  `waiting`:
+        the trainers that hold no lease while no record is left to lease (see the module docstring)."""
         step = self._run.global_step
         for kind, spec in list(self._injections):
             task = self._run.tasks.get(spec.task)
@@ -68,7 +72,7 @@ class ExitWatch:
         for task in self._run.table.trainers():
             if not secs or task.state is not TaskState.RUNNING or not task.training or task.process is None:
                 continue
-            if starved:
+            if task.name in waiting:
                 self._progress[task.name] = (now, step)
                 continue
             t, at = self._progress.get(task.name, (now, step))

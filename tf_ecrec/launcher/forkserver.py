@@ -292,6 +292,7 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         middle = os.fork()
         if middle == 0:
             os.close(read_end)
+            request["middle"] = os.getpid()
             try:
                 task = os.fork()
             except OSError:
@@ -315,9 +316,12 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
 
 def _become_task(request: dict[str, Any], launcher: int) -> None:
     """In the forked task: wait to be the launcher's child, then take the request's streams, directory and environment."""
-    deadline = time.monotonic() + 10.0
-    while os.getppid() != launcher:  # the middle process is exiting; the launcher adopts us
-        if time.monotonic() > deadline:
+    # The middle process is exiting and the launcher, a subreaper, adopts us.  Any other parent means the
+    # launcher died before we saw it adopt us (it may be killed the moment `spawn` returns): leave at once,
+    # as the death signal we have not asked for yet would have made us.
+    deadline = time.monotonic() + 30.0
+    while (parent := os.getppid()) != launcher:
+        if parent != request["middle"] or time.monotonic() > deadline:
             os._exit(1)
         time.sleep(0.0005)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

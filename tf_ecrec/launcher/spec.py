@@ -162,9 +162,14 @@ class JobSpec:
                "--model")
         _check(
             self.data == "synthetic" or any(self.data.startswith(p) and len(self.data) > len(p) for p in ("criteo:", "stream:")),
-            f"--data {self.data!r} must be 'synthetic', 'criteo:PATH[,PATH...]' or 'stream:DIR'",
+            f"--data {self.data!r} must be 'synthetic', 'criteo:PATH[,PATH...]', 'stream:DIR' or "
+            "'stream:redis://HOST:PORT/DB/TOPIC/PARTITION'",
             "--data",
         )
+        if self.stream_dir is not None and self.stream_dir.startswith("redis://"):
+            from tf_ecrec.data.redis_stream import parse_partition_url
+
+            parse_partition_url(self.stream_dir)  # ConfigError naming the rule
         _check(self.stream_dir is None or (self.uses_master and self.strategy is Strategy.ESTIMATOR),
                f"--data {self.data}: a stream is sharded by the job master, for Estimator trainers (not with "
                "--no-master, --deterministic or --strategy pss)", "--data")
@@ -344,7 +349,8 @@ class JobSpec:
 
     @property
     def stream_dir(self) -> str | None:
-        """``--data stream:DIR``: the directory whose files arrive while the job trains (`tf_ecrec.data.stream`)."""
+        """``--data stream:TARGET``: the directory whose files arrive while the job trains, or a Redis Streams
+        partition (``redis://HOST:PORT/DB/TOPIC/PARTITION``; `tf_ecrec.data.stream.open_stream`)."""
         return self.data[len("stream:") :] if self.data.startswith("stream:") else None
 
     @property

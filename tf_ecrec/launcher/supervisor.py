@@ -69,7 +69,7 @@ from tf_ecrec.flash.config import shm_root
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.autoscaling import AutoScaling, LocalScaler
 from tf_ecrec.launcher.console import Console, progress_line, summary
-from tf_ecrec.launcher.diagnosis import ExitKind
+from tf_ecrec.launcher.diagnosis import ExitKind, last_traceback
 from tf_ecrec.launcher.digest_reader import DigestReader
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.exits import ExitWatch
@@ -93,6 +93,9 @@ _LOG = logging.getLogger(__name__)
 STARTUP_TIMEOUT_SECS = 300.0
 STALL_TIMEOUT_SECS = 600.0
 _SETTLED = ("steps_undone", "steps_finished", "folds_rolled_back")
+# Messages that show a trainer working though it takes no step: each starts its hang clock again.
+_SIGNS_OF_LIFE = frozenset({StatusKind.STEP, StatusKind.SESSION, StatusKind.RECOVERED, StatusKind.REBUILDING,
+                            StatusKind.SETTLED, StatusKind.FAILOVER})
 
 
 class Supervisor:
@@ -196,7 +199,8 @@ class Supervisor:
         self._run.watch.connect()
         self._driver = MasterDriver(self._run, self._actions.lost)
         if self.job.stream_dir is not None:
-            self._stream = StreamFeed(self.job.stream_dir, self._run.watch, self.job.on_corrupt.value)
+            self._stream = StreamFeed(self.job.stream_dir, self._run.watch, self.job.shard_batches * self.job.batch_size,
+                                      self.job.on_corrupt.value)
         scaling = self.job.scaling
         if scaling is not None:
             self._scaling = AutoScaling(self._run, scaling, LocalScaler(self._run, LEAVE_TIMEOUT_SECS))
@@ -224,7 +228,7 @@ class Supervisor:
                     last_progress = time.time()
             now = time.time()
             self._check_processes()
-            for task in self._exits.drive(now, self._starved()):  # hung trainers, killed: restarted like a crash
+            for task in self._exits.drive(now, self._waiting_for_data()):  # hung trainers, killed: restarted like a crash
                 code = task.process.returncode if task.process else None
                 diagnosis = self._exits.diagnose(task, -9 if code is None else code)
                 self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
@@ -258,19 +262,28 @@ class Supervisor:
             self._on_message(msg)
         self._print_progress(time.time(), final=True)
 
-    def _starved(self) -> bool:
-        """No record is left to lease (a stream waiting for its next file, the data's tail): a trainer
-        without a lease waits for records, which is not a hang."""
+    def _waiting_for_data(self) -> set[str]:
+        """The trainers that hold no lease while no record is left to lease (a stream waiting for its
+        next file or for the rest of a shard, the data's tail): they wait for records, not hung."""
         data = self._driver.data_state() if self._driver is not None else None
-        return data is not None and data.records_trained + data.records_in_flight >= data.records_total
+        if data is None:
+            return set()
+        leasable = self._stream.leasable(data) if self._stream is not None else data.records_total
+        if data.records_trained + data.records_in_flight < leasable:
+            return set()
+        return {t.name for t in self._run.table.trainers()} - set(data.lease_holders)
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """One status datagram (`tf_ecrec.launcher.status`); True if it shows progress."""
         kind, task, t = _kind(msg), msg.get("task", "?"), float(msg.get("t", time.time()))
+        running = task in self._run.tasks and self._run.tasks[task].state is TaskState.RUNNING
+        if running and kind in _SIGNS_OF_LIFE:
+            # A trainer that (re)creates its session or recovers lost PS reports no step meanwhile while
+            # the others may step on: its hang clock starts again (--hang-secs).
+            self._exits.progressed(task, time.time())
         if kind is StatusKind.STEP:
-            if task in self._run.tasks and self._run.tasks[task].state is TaskState.RUNNING:
+            if running:
                 self._run.tasks[task].training = True
-                self._exits.progressed(task, time.time())
             step = int(msg.get("step", 0))
             self._run.record.step(t, step, int(msg.get("records", 0)))
             if step > self._run.global_step or self._run.faults.interrupted(t):
@@ -340,7 +353,12 @@ class Supervisor:
                 task.state = TaskState.DONE
             else:
                 task.state = TaskState.FAILED
-                self._run.errors.append(f"{task.name} exited with code {code}; last lines of its log:\n" + task.tail())
+                raised = last_traceback(task.tail(400), max_lines=30)
+                if raised:
+                    where = f" (its log: {task.log.name})" if task.log is not None else ""
+                    self._run.errors.append(f"{task.name} exited with code {code}; it raised{where}:\n{raised}")
+                else:
+                    self._run.errors.append(f"{task.name} exited with code {code}; last lines of its log:\n" + task.tail())
         if self._run.master is not None and not self._run.master.killed and self._run.master.poll() is not None:
             self._run.errors.append(
                 f"the job master exited with code {self._run.master.poll()}; last lines of its log:\n" + self._run.master.tail()

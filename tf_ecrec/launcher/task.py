@@ -54,9 +54,9 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
     if job.data == "synthetic":
         return SyntheticCriteo(params["table_sizes"], job.steps * job.batch_size, seed=job.seed)
     if job.stream_dir is not None:
-        from tf_ecrec.data.stream import StreamDirectory
+        from tf_ecrec.data.stream import open_stream
 
-        return StreamDirectory(job.stream_dir, on_corrupt=job.on_corrupt.value)
+        return open_stream(job.stream_dir, on_corrupt=job.on_corrupt.value)
     return CriteoFiles(job.criteo_paths, on_corrupt=job.on_corrupt.value)
 
 

@@ -108,4 +108,5 @@ def data_stats_from_pb(message: pb.DataState) -> DataStats:
         records_trained=message.records_trained, records_retrained=message.records_retrained,
         records_requeued=message.records_requeued, records_failed=message.records_failed,
         records_in_flight=message.records_in_flight, shards_failed=message.shards_failed,
-        failed_shard_ids=tuple(message.failed_shard_ids), finished=message.finished)
+        failed_shard_ids=tuple(message.failed_shard_ids), finished=message.finished,
+        lease_holders=tuple(message.lease_holders))

@@ -91,7 +91,8 @@ def data_state_pb(stats: DataStats) -> pb.DataState:
         records_trained=stats.records_trained, records_retrained=stats.records_retrained,
         records_requeued=stats.records_requeued, records_failed=stats.records_failed,
         records_in_flight=stats.records_in_flight, shards_failed=stats.shards_failed,
-        failed_shard_ids=list(stats.failed_shard_ids), finished=stats.finished)
+        failed_shard_ids=list(stats.failed_shard_ids), finished=stats.finished,
+        lease_holders=list(stats.lease_holders))
 
 
 class MasterServicer(pb_grpc.MasterServicer):

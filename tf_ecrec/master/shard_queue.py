@@ -252,6 +252,7 @@ class ShardQueue:
             shards_failed=len(failed_ids),
             failed_shard_ids=tuple(failed_ids[:_FAILED_IDS_REPORTED]),
             finished=self.finished,
+            lease_holders=tuple(sorted({lease.owner for lease in self._leases.values()})),
         )
 
     def acknowledged_prefixes(self) -> Iterator[tuple[int, int, int]]:

@@ -156,4 +156,5 @@ class DataStats:
     shards_failed: int
     failed_shard_ids: tuple[int, ...]
     finished: bool
+    lease_holders: tuple[str, ...] = ()  # tasks holding leases now
 

@@ -4,7 +4,8 @@
 
 It runs ``model.fit``; when a PS fails (`tf_ecrec.pss.recovery.is_ps_failure`:
 ``UnavailableError`` from the strategy's coordinator, or the ``AbortedError``
-of a PS already restarted) it waits for the PS to come back, recovers it
+of a PS already restarted; or a ``CancelledError``, which the coordinator may
+raise for a closure the failure cut) it waits for the PS to come back, recovers it
 (`tf_ecrec.pss.recovery`) and calls ``model.fit`` again from the step the
 job is at: the iteration count, rebuilt with everything else, says how many
 steps are done (a step the failure cut and settlement undid is run again).
@@ -119,8 +120,8 @@ def fit(
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
                     callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
-        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
-            if not is_ps_failure(exc):
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
+            if not _may_be_a_task_failure(exc):
                 raise
             settler.stop()
             if on_failure is not None:
@@ -140,6 +141,13 @@ def fit(
                 on_resume()
         finally:
             settler.stop()
+
+
+def _may_be_a_task_failure(exc: BaseException) -> bool:
+    """`is_ps_failure`, or a ``CancelledError``: a loaded run raised, from ``model.fit``, the cancellation of
+    a closure a PS failure cut (``RemoteExecuteNode::RunAsync``) instead of the failure itself.  The
+    recovery tells which (nothing lost: ``model.fit`` runs again, at most `max_failures` times)."""
+    return is_ps_failure(exc) or isinstance(exc, tf.errors.CancelledError)
 
 
 class _StaleSettler:

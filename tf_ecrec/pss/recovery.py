@@ -23,7 +23,11 @@ at a new one the cluster resolver names), `PSSRecovery.recover`:
    new variables.
 
 Training does not run during these steps (the coordinator stopped with
-the error); `tf_ecrec.pss.fit` resumes at the step the job was at.  A loss
+the error); `tf_ecrec.pss.fit` resumes at the step the job was at.  A task
+failure during them (the restarted PS not answering yet, a channel still
+backing off, the PS lost again) starts the recovery over from step 1; a PS
+whose variables a cut attempt re-created stays lost until an attempt
+finishes it, although its new anchor answers.  A loss
 beyond what the code covers (more than ``r`` chunks of a stripe, a dense
 variable with no surviving copy) or a model variable outside the
 protection on a lost PS (a BatchNormalization statistic, say) raises
@@ -46,6 +50,7 @@ from tf_ecrec.embedding import device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.pss.placement import resolver_of
+from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.step_program import MAX_GENERATION
@@ -72,6 +77,7 @@ class PSSRecoveryResult:
     bytes_rebuilt: int = 0
     seconds: float = 0.0
     reconnect_seconds: float = 0.0
+    attempts: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -114,6 +120,7 @@ class PSSRecovery:
         self.slice_bytes = int(slice_bytes)
         self.generation = 0
         self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
+        self._unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
         self._bookkeeping = {
             name: _read_int(v, 1 if name == "_steps_per_execution" else 0)
             for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
@@ -131,11 +138,43 @@ class PSSRecovery:
         A loss beyond the code raises `RecoveryError`, or, given a `checkpoint`
         written by `tf_ecrec.pss.checkpoint.save`, restores every variable from
         it (method "checkpoint": the steps since it are rolled back).
+
+        A task failure during the recovery (the restarted PS not answering
+        yet, or lost again) starts it over, until `timeout_secs`: a PS whose
+        variables were re-created by the cut attempt counts as lost until an
+        attempt finishes it, although its new anchor answers (``attempts``
+        in the result counts them).
+
+        Raises:
+          RecoveryError: the loss is beyond the code (and no checkpoint), a
+            task moved, or the recovery did not finish within `timeout_secs`.
         """
         started = time.monotonic()
-        self._reconnect(timeout_secs)
+        deadline = started + timeout_secs
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = self._recover_once(started, deadline, checkpoint)
+            except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+                if not is_ps_failure(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise RecoveryError(
+                        f"the recovery of PS {sorted(self._unfinished)} did not finish within {timeout_secs:.0f}s over "
+                        f"{attempts} attempts; the last failure: {str(exc).splitlines()[0][:200]}; source: PSSRecovery"
+                    ) from exc
+                _LOG.warning("a task failed during the recovery of PS %s (%s); starting it over", sorted(self._unfinished),
+                             str(exc).splitlines()[0][:200])
+                time.sleep(1.0)
+                continue
+            result.attempts = attempts
+            return result
+
+    def _recover_once(self, started: float, deadline: float, checkpoint: str | None) -> PSSRecoveryResult:
+        self._reconnect(max(deadline - time.monotonic(), 0.0))
         reconnected = time.monotonic() - started
-        lost = self.lost_tasks()
+        lost = sorted(set(self.lost_tasks()) | self._unfinished)
         result = PSSRecoveryResult(lost=lost, reconnect_seconds=reconnected)
         if not lost:
             return result
@@ -146,8 +185,14 @@ class PSSRecovery:
                 raise
             from tf_ecrec.pss.checkpoint import restore
 
-            return restore(self, lost, checkpoint, result, started)
+            self._unfinished = set(lost)
+            restored = restore(self, lost, checkpoint, result, started)
+            self._unfinished = set()
+            return restored
         alive = [p for p in range(self.protection.num_ps) if p not in lost]
+        # From here the lost PS's variables are re-created and refilled: until the end, they are lost whatever
+        # their new anchors say.
+        self._unfinished = set(lost)
         # 3. refuse the steps of the traced step from now on (one still in flight on a worker), then settle
         #    what the failure cut, on the survivors (docs/settlement.md, invariant vi).
         self.generation = min(self.generation + 1, MAX_GENERATION)
@@ -160,6 +205,7 @@ class PSSRecovery:
         stats = self._rebuild_tables(lost)
         self._rebuild_dense(replaced)
         self._resume()
+        self._unfinished = set()
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
         result.step = int(self.optimizer.iterations.numpy())
@@ -228,13 +274,17 @@ class PSSRecovery:
                 time.sleep(1.0)
 
     def lost_tasks(self) -> list[int]:
-        """The PS tasks whose anchor variable is dead (their process restarted)."""
+        """The PS tasks whose anchor variable is dead (their process restarted).
+
+        A PS that does not answer is not taken for lost: that proves nothing about its variables
+        (``UnavailableError`` goes up, and `recover` tries again once the cluster answers).
+        """
         lost = []
         for p, anchor in sorted(self.protection.placement.anchors.items()):
             try:
                 anchor.read_value().numpy()
             except (tf.errors.InvalidArgumentError, tf.errors.AbortedError, tf.errors.NotFoundError,
-                    tf.errors.UnavailableError, tf.errors.FailedPreconditionError):
+                    tf.errors.FailedPreconditionError):
                 lost.append(p)
         return lost
 
@@ -302,56 +352,8 @@ class PSSRecovery:
                 value = tf.fill(old.shape, tf.constant(initial.get(id(old), 0), old.dtype))
                 new = tf.Variable(value, name=variable_name(old), trainable=old.trainable)
             replaced[id(old)] = (old, new)
-        self._repoint({k: new for k, (_, new) in replaced.items()})
+        repoint(self.model, self.protection, self._bookkeeping, {k: new for k, (_, new) in replaced.items()})
         return replaced
-
-    def _repoint(self, new: dict[int, tf.Variable]) -> None:
-        """Puts the new variables wherever the old ones were referenced."""
-
-        def swap(v: Any) -> Any:
-            return new.get(id(v), v)
-
-        def swap_in(items: Any) -> None:  # item by item: a tracked list (ListWrapper) compares on slices
-            for i, v in enumerate(list(items)):
-                if id(v) in new:
-                    items[i] = new[id(v)]
-
-        protector = self.optimizer.protector
-        pv = protector.variables
-        for coll in self.protection.collections:
-            for p in list(coll.data):
-                coll.data[p] = swap(coll.data[p])
-        for mapping in (pv.slots, pv.replicas):
-            for items in mapping.values():
-                swap_in(items)
-        for parity in pv.parity.values():
-            for q in list(parity):
-                parity[q] = swap(parity[q])
-        for name in list(pv.protected):
-            pv.protected[name] = swap(pv.protected[name])
-        for target in protector.targets.values():
-            swap_in(target.variables)
-        opt = self.optimizer
-        opt._iterations = swap(opt._iterations)
-        swap_in(opt._variables)
-        for name in self._bookkeeping:
-            object.__setattr__(self.model, name, swap(getattr(self.model, name)))
-        modules = [self.model, *self.model.submodules]
-        for metric in self.model.metrics:
-            modules += [metric, *metric.submodules]
-        for layer in modules:
-            if not isinstance(layer, tf.keras.layers.Layer):
-                continue
-            for attr in ("_trainable_weights", "_non_trainable_weights"):
-                weights = getattr(layer, attr, None)
-                if weights is not None:
-                    swap_in(weights)
-            for key, value in list(vars(layer).items()):
-                if isinstance(value, tf.Variable) and id(value) in new:
-                    object.__setattr__(layer, key, new[id(value)])
-                    layer._track_trackable(new[id(value)], name=key, overwrite=True)
-                elif isinstance(value, list) and any(id(v) in new for v in value):
-                    swap_in(value)
 
     # ---- rebuilding them ---------------------------------------------------------------------------
 

@@ -262,7 +262,7 @@ class GetDataStateRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DataState(_message.Message):
-    __slots__ = ("dataset", "records_total", "records_trained", "records_retrained", "records_requeued", "records_failed", "records_in_flight", "shards_failed", "failed_shard_ids", "finished")
+    __slots__ = ("dataset", "records_total", "records_trained", "records_retrained", "records_requeued", "records_failed", "records_in_flight", "shards_failed", "failed_shard_ids", "finished", "lease_holders")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     RECORDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RECORDS_TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +273,7 @@ class DataState(_message.Message):
     SHARDS_FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILED_SHARD_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDERS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     records_total: int
     records_trained: int
@@ -283,7 +284,8 @@ class DataState(_message.Message):
     shards_failed: int
     failed_shard_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
-    def __init__(self, dataset: _Optional[str] = ..., records_total: _Optional[int] = ..., records_trained: _Optional[int] = ..., records_retrained: _Optional[int] = ..., records_requeued: _Optional[int] = ..., records_failed: _Optional[int] = ..., records_in_flight: _Optional[int] = ..., shards_failed: _Optional[int] = ..., failed_shard_ids: _Optional[_Iterable[int]] = ..., finished: bool = ...) -> None: ...
+    lease_holders: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dataset: _Optional[str] = ..., records_total: _Optional[int] = ..., records_trained: _Optional[int] = ..., records_retrained: _Optional[int] = ..., records_requeued: _Optional[int] = ..., records_failed: _Optional[int] = ..., records_in_flight: _Optional[int] = ..., shards_failed: _Optional[int] = ..., failed_shard_ids: _Optional[_Iterable[int]] = ..., finished: bool = ..., lease_holders: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetShardCheckpointRequest(_message.Message):
     __slots__ = ("dataset",)
