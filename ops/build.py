@@ -42,8 +42,8 @@ BASE_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O2")
 EXTRA_FLAGS = ("-mavx", "-ffp-contract=off", "-DNDEBUG")
 
 
-def _sources() -> list[Path]:
-    return sorted(p for p in SOURCE_DIR.rglob("*.cc"))
+def _sources(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    return sorted(p for p in source_dir.rglob("*.cc"))
 
 
 def _inputs() -> list[Path]:
@@ -161,18 +161,13 @@ def build(
 
     fd, tmp_name = tempfile.mkstemp(prefix=".ec_ops.", suffix=".so", dir=out)
     os.close(fd)
-    command = [cxx, *flags, f"-I{REPO_ROOT}", *map(str, _sources()), "-o", tmp_name,
-               *link_flags]
+    jobs = _jobs()
     if verbose:
-        print(f"building {library} ({reason})")
-        print(" ".join(shlex.quote(c) for c in command))
+        print(f"building {library} ({reason}): {len(_sources())} sources on {jobs} jobs")
     start = time.monotonic()
     try:
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"compiling the tf_ecrec ops failed (exit {result.returncode}):\n"
-                f"{result.stderr[-20000:]}")
+        with tempfile.TemporaryDirectory(prefix=".ec_ops_objects.", dir=out) as objects:
+            _compile_and_link(cxx, flags, link_flags, objects, tmp_name, jobs, verbose)
         os.replace(tmp_name, library)
     finally:
         if os.path.exists(tmp_name):
@@ -184,6 +179,49 @@ def build(
     if verbose:
         print(f"built in {time.monotonic() - start:.1f} s")
     return library
+
+
+def _jobs() -> int:
+    """Compilers run at once: ``TF_ECREC_BUILD_JOBS``, else the CPUs this process may use."""
+    configured = os.environ.get("TF_ECREC_BUILD_JOBS", "")
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise RuntimeError(f"TF_ECREC_BUILD_JOBS={configured!r}: must be a positive integer; source: the environment")
+        return int(configured)
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def _compile_and_link(cxx: str, flags: Sequence[str], link_flags: Sequence[str], objects: str,
+                      library: str, jobs: int, verbose: bool, source_dir: Path = SOURCE_DIR) -> None:
+    """Each source to an object in `objects`, `jobs` compilers at a time (each a separate translation unit,
+    as one ``g++ a.cc b.cc`` command compiles them too), then one link into `library`.
+
+    Raises:
+      RuntimeError: a compiler or the linker failed (its output is in the message).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    compile_flags = [f for f in flags if f != "-shared"]
+    sources = _sources(source_dir)
+    outputs = [os.path.join(objects, f"{i:03d}_{src.stem}.o") for i, src in enumerate(sources)]
+    commands = [[cxx, *compile_flags, f"-I{REPO_ROOT}", "-c", str(src), "-o", obj] for src, obj in zip(sources, outputs)]
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in commands[0][:-4]), "-c SOURCE -o OBJECT")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True, check=False), commands))
+    failed = [(src, r) for src, r in zip(sources, results) if r.returncode != 0]
+    if failed:
+        src, result = failed[0]
+        raise RuntimeError(f"compiling the tf_ecrec ops failed ({len(failed)} of {len(sources)} sources; "
+                           f"{_shown(src)}: exit {result.returncode}):\n{result.stderr[-20000:]}")
+    link = [cxx, "-shared", *outputs, "-o", library, *link_flags]
+    result = subprocess.run(link, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"linking the tf_ecrec ops failed (exit {result.returncode}):\n{result.stderr[-20000:]}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
