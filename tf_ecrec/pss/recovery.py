@@ -273,18 +273,27 @@ class PSSRecovery:
                     raise RecoveryError(f"the cluster did not come back within {timeout_secs:.0f}s: {exc}; source: PSSRecovery") from exc
                 time.sleep(1.0)
 
-    def lost_tasks(self) -> list[int]:
+    def lost_tasks(self, confirm_reads: int = 3, pause_secs: float = 0.5) -> list[int]:
         """The PS tasks whose anchor variable is dead (their process restarted).
 
-        A PS that does not answer is not taken for lost: that proves nothing about its variables
-        (``UnavailableError`` goes up, and `recover` tries again once the cluster answers).
+        A dead anchor stays dead: a PS is lost only when `confirm_reads` reads, `pause_secs` apart, all
+        fail (a read cut by the coordinator re-connecting a restarted worker fails once, and re-creating a
+        live PS would drop its state).  A PS that does not answer is not lost either (``UnavailableError``
+        goes up, and `recover` tries again once the cluster answers).
         """
         lost = []
         for p, anchor in sorted(self.protection.placement.anchors.items()):
-            try:
-                anchor.read_value().numpy()
-            except (tf.errors.InvalidArgumentError, tf.errors.AbortedError, tf.errors.NotFoundError,
-                    tf.errors.FailedPreconditionError):
+            for read in range(confirm_reads):
+                if read:
+                    time.sleep(pause_secs)
+                try:
+                    anchor.read_value().numpy()
+                    break
+                except (tf.errors.InvalidArgumentError, tf.errors.AbortedError, tf.errors.NotFoundError,
+                        tf.errors.FailedPreconditionError) as exc:
+                    _LOG.info("the anchor of PS %d did not read (%d of %d): %s", p, read + 1, confirm_reads,
+                              str(exc).splitlines()[0][:200])
+            else:
                 lost.append(p)
         return lost
 
