@@ -43,7 +43,7 @@ class MasterView:
 def zk_master(zookeeper, zk_job_path, tmp_path) -> Iterator[MasterHandle]:
     membership = ZooKeeperMembership(zookeeper.hosts, zk_job_path, session_timeout=4.0)
     handle = start_master(state_dir=str(tmp_path / "state"), membership=membership,
-                          heartbeat_timeout=3.0, fsync=False)
+                          heartbeat_timeout=6.0, fsync=False)
     handle.view = MasterView()  # type: ignore[attr-defined]
     membership.watch(handle.view)  # type: ignore[attr-defined]
     yield handle
@@ -102,7 +102,7 @@ def test_a_task_whose_session_ends_is_lost_at_once_and_its_shards_requeued(
     crashed_zk.close()  # The session closes: ZooKeeper deletes the ephemeral node now.
     wait_until(lambda: other.get_shard("train").status is ShardStatus.SHARD, 5,
                "the lost task's shard")
-    assert time.monotonic() - started < 2.9  # Before the 3 s absence grace could act.
+    assert time.monotonic() - started < 5.9  # Before the 6 s absence grace could act.
     assert other.get_cluster().version == version + 1
     assert other.data_state("train").records_requeued == 75
     with pytest.raises(MembershipLost):
@@ -115,7 +115,7 @@ def test_a_registered_task_that_never_joins_zookeeper_is_lost_after_the_grace(
     ghost = MasterClient(zk_master.address, "worker", 3)
     ghost.register("127.0.0.1:2003")
     observer = MasterClient(zk_master.address, None)
-    wait_until(lambda: "worker:3" not in observer.get_cluster().alive(), 8, "the ghost's loss")
+    wait_until(lambda: "worker:3" not in observer.get_cluster().alive(), 15, "the ghost's loss")
 
 
 def test_tasks_survive_a_zookeeper_restart_without_being_declared_lost(
