@@ -202,9 +202,17 @@ class MasterClient:
         """Reports a task lost (no ``shard_ids``, ``generation`` required) or some of its
         shards failed (or, with ``not_a_failure``, just given back).
 
+        Shards this task gives back go with its own generation (unless ``generation`` says
+        otherwise): the master refuses them from a superseded process.
+
         Returns:
           Records given back to the queue.
+
+        Raises:
+          StaleGenerationError: the shards' generation was superseded (nothing given back).
         """
+        if shard_ids and not generation and task_id in (None, self.task_id):
+            generation = self._task_ref().generation
         response = self._call("ReportFailure", pb.ReportFailureRequest(
             task_id=task_id or self.task_id, generation=generation,
             shard_ids=list(shard_ids), dataset=dataset, reason=reason, not_a_failure=not_a_failure))
@@ -317,7 +325,13 @@ class MasterClient:
             name=dataset, available=available, closed=closed)))
 
     def restore_shard_checkpoint(self, dataset: str, blob: bytes) -> DataStats:
-        """Rolls the dataset back to ``blob``; every current lease is revoked."""
+        """Rolls the dataset back to ``blob``; every current lease is revoked.
+
+        Raises:
+          StaleGenerationError: this task's generation was superseded (nothing rolled back).
+          InvalidRequestError: a client without a task (a rollback names its caller).
+        """
+        task = self._task_ref() if self.task_type is not None else None
         response = self._call("RestoreShardCheckpoint",
-                              pb.ShardCheckpoint(dataset=dataset, blob=blob))
+                              pb.ShardCheckpoint(dataset=dataset, blob=blob, task=task))
         return data_stats_from_pb(response.state)

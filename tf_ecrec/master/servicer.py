@@ -191,7 +191,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     def RestoreShardCheckpoint(self, request: pb.ShardCheckpoint,
                                context: Any) -> pb.RestoreShardCheckpointResponse:
-        stats = self._state.restore_shard_checkpoint(request.dataset, request.blob)
+        stats = self._state.restore_shard_checkpoint(request.task.task_id, request.task.generation,
+                                                     request.dataset, request.blob)
         return pb.RestoreShardCheckpointResponse(state=data_state_pb(stats))
 
     @_rpc

@@ -294,12 +294,14 @@ class GetShardCheckpointRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class ShardCheckpoint(_message.Message):
-    __slots__ = ("dataset", "blob")
+    __slots__ = ("dataset", "blob", "task")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     blob: bytes
-    def __init__(self, dataset: _Optional[str] = ..., blob: _Optional[bytes] = ...) -> None: ...
+    task: TaskRef
+    def __init__(self, dataset: _Optional[str] = ..., blob: _Optional[bytes] = ..., task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class RestoreShardCheckpointResponse(_message.Message):
     __slots__ = ("state",)

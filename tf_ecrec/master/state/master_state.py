@@ -1,19 +1,19 @@
 """The master's state: one lock over tasks, datasets and barriers, persisted.
 
-:class:`MasterState` composes the task slots (:mod:`~tf_ecrec.master.state.tasks`),
-the datasets (:mod:`~tf_ecrec.master.state.datasets`) and the barriers
-(:mod:`~tf_ecrec.master.state.barriers`).  Every public method takes one
-lock, checks the request, mutates, and, when something changed, writes a
-snapshot (:mod:`~tf_ecrec.master.state.snapshot`) before returning, so a
-reply is only sent for a state that is on disk.  A master killed at any
-point restarts from the last snapshot: in-flight leases stay with their
-tasks, acknowledged progress stays.
+:class:`MasterState` composes the task slots (:mod:`~tf_ecrec.master.state.tasks`), the datasets
+(:mod:`~tf_ecrec.master.state.datasets`) and the barriers (:mod:`~tf_ecrec.master.state.barriers`).
+Every public method takes one lock, checks the request, mutates, and, when something changed, writes a
+snapshot (:mod:`~tf_ecrec.master.state.snapshot`) before returning, so a reply is only sent for a
+state that is on disk.  A master killed at any point restarts from the last snapshot: in-flight leases
+stay with their tasks, acknowledged progress stays.
 
-A task declared LOST (silent or absent past its deadline, see ``tasks``; its
-membership ended; reported failed) releases its leases as failed (their
-unacknowledged records are re-queued) and bumps ``version`` (and ``ps_version``
-for a PS).  Its later requests fail with :class:`~tf_ecrec.errors.MembershipLost`;
-it must register again and gets a new generation.
+Every call of a task that changes state names the task's generation and is refused from a superseded
+one (a process its restart replaced); the dataset definitions and a stream's watermark name no task.
+
+A task declared LOST (silent or absent past its deadline, see ``tasks``; its membership ended;
+reported failed) releases its leases as failed (their unacknowledged records are re-queued) and bumps
+``version`` (and ``ps_version`` for a PS).  Its later requests fail with
+:class:`~tf_ecrec.errors.MembershipLost`; it must register again and gets a new generation.
 
 The lock is held while a snapshot is written (a few KB, no network), never across an RPC.
 """
@@ -251,25 +251,25 @@ class MasterState:
                        failed: bool = True) -> int:
         """Fails some shards of a task, or (no shard ids) the whole task.
 
-        With ``failed=False`` the shards go back to the queue without a
-        failure counted against them (a holder's input pipeline was rebuilt:
-        a session re-creation is not a shard failure).
+        With ``failed=False`` the shards go back without a failure counted (a session re-creation
+        rebuilt the holder's input pipeline: not a shard failure).
 
         Returns:
           The records given back to the queue.
 
         Raises:
-          InvalidRequestError: a whole-task report without the generation it is
-            about (0, the protobuf default, would hit whatever incarnation is
-            live now, e.g. the one that replaced the failed one).
+          InvalidRequestError: no generation (0, the protobuf default, would hit whatever
+            incarnation is live now, e.g. the one that replaced the failed one).
+          StaleGenerationError, MembershipLost: shards given back by a superseded generation.
         """
+        if generation < 1:
+            what = ("a give-back names the generation holding the shards" if shard_ids else "a task failure names the generation that failed")
+            raise InvalidRequestError(f"ReportFailure for task {task_id!r} has generation {generation}; rule: "
+                                      f"{what} (>= 1, as its registration returned)")
         if not shard_ids:
-            if generation < 1:
-                raise InvalidRequestError(
-                    f"ReportFailure for task {task_id!r} has generation {generation}; rule: a task failure "
-                    "names the generation that failed (>= 1, as its registration returned)")
             return self.declare_lost(task_id, reason or "reported failed", generation)
         with self._lock:
+            self._tasks.checked(task_id, generation)
             requeued = self._datasets.release_shards(task_id, dataset, shard_ids, failed=failed)
             if requeued:
                 self._persist()
@@ -294,11 +294,10 @@ class MasterState:
         """Leases a shard to a task.
 
         Returns:
-          ``(SHARD, lease)``; or, when nothing is free, ``(END, None)`` if
-          the dataset is finished, ``(DRAIN, None)`` if the task holds
-          leases itself (it must finish them; waiting could deadlock its
-          pipeline), else ``(WAIT, None)``.  Repeating the last
-          ``request_id`` returns the same lease while the task still holds it.
+          ``(SHARD, lease)``; or, when nothing is free, ``(END, None)`` if the dataset is finished,
+          ``(DRAIN, None)`` if the task holds leases itself (it must finish them; waiting could deadlock
+          its pipeline), else ``(WAIT, None)``.  Repeating the last ``request_id`` returns the same
+          lease while the task still holds it.
         """
         with self._lock:
             record = self._tasks.checked(task_id, generation)
@@ -334,9 +333,12 @@ class MasterState:
         with self._lock:
             return self._datasets.checkpoint(dataset)
 
-    def restore_shard_checkpoint(self, dataset: str, blob: bytes) -> DataStats:
-        """Rolls a dataset back to a blob from :meth:`shard_checkpoint`."""
+    def restore_shard_checkpoint(self, task_id: str, generation: int, dataset: str, blob: bytes) -> DataStats:
+        """Rolls a dataset back to a blob from :meth:`shard_checkpoint`, for the live generation of ``task_id``."""
         with self._lock:
+            if not task_id:  # a superseded chief must roll nothing back
+                raise InvalidRequestError(f"rollback of {dataset!r} by no task; rule: a rollback names its caller")
+            self._tasks.checked(task_id, generation)
             rolled_back, stats = self._datasets.restore(dataset, blob, self._tasks.records.values())
             self._persist()
         _LOG.info("Restored shard checkpoint of %r: %d acknowledged records rolled back", dataset, rolled_back)
