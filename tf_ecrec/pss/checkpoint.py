@@ -54,12 +54,9 @@ def save(recovery: PSSRecovery, prefix: str) -> str:
 
 def restore(recovery: PSSRecovery, lost: list[int], path: str, result: PSSRecoveryResult, started: float) -> PSSRecoveryResult:
     """Re-creates the lost PS's variables and reads every variable from the checkpoint at `path`."""
-    from tf_ecrec.step_program import MAX_GENERATION
-
     alive = [p for p in range(recovery.protection.num_ps) if p not in lost]
-    recovery.generation = min(recovery.generation + 1, MAX_GENERATION)
     settle = recovery._reconciler()
-    settle.built.set_generation(settle, alive, recovery.generation)
+    recovery.raise_generation(settle, alive)
     discarded = settle.built.discard(settle, alive)
     replaced = recovery._replace(lost)
     tf.train.Checkpoint(**named_variables(recovery)).read(path).assert_existing_objects_matched()

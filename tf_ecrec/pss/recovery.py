@@ -1,37 +1,30 @@
 """Recovery of a lost PS under TF2 ParameterServerStrategy: settle, re-create, rebuild from parity.
 
-When a PS dies, ``model.fit`` (its `ClusterCoordinator`) raises
-``UnavailableError``.  Once the PS is back (restarted at its address, or
-at a new one the cluster resolver names), `PSSRecovery.recover`:
+When a PS dies, ``model.fit`` (its `ClusterCoordinator`) raises ``UnavailableError``.  Once the PS is
+back (restarted at its address, or at a new one the cluster resolver names), `PSSRecovery.recover`:
 
-1. reconnects the coordinator's eager context to the cluster
-   (``update_server_def``); the survivors keep their variables and their
-   delta logs (`tests/integration/test_pss_facts.py` pins this);
+1. reconnects the coordinator's eager context to the cluster (``update_server_def``); the survivors
+   keep their variables and their delta logs (`tests/integration/test_pss_facts.py` pins this);
 2. finds the lost PS tasks: those whose anchor variable is dead;
-3. settles the steps the failure cut, on the survivors, with the
-   Estimator path's settlement (`tf_ecrec.steplog.Reconciler`, run through
-   `tf_ecrec.pss.function_session`), and raises the step generation so a step
-   still in flight from before is refused;
-4. re-creates every variable of the lost PS (a `tf.Variable` whose PS
-   restarted is dead for good) on the restarted PS with the layout's
-   placement, and points the model's layers, the tables, the optimizer and
-   the protection at the new objects;
-5. rebuilds them: table chunks and their slots decoded PS to PS in slices
-   (`tf_ecrec.rebuild.stripes`), parity re-encoded the same way, dense
-   variables and the iteration count copied from a surviving replica;
-6. drops the model's traced step so the next ``fit`` retraces it over the
-   new variables.
+3. raises the step generation above the highest one any surviving log admits (the cluster's, whichever
+   recovery object raised it last), so a step still in flight from before is refused, and settles the
+   steps the failure cut, on the survivors, with the Estimator path's settlement
+   (`tf_ecrec.steplog.Reconciler`, run through `tf_ecrec.pss.function_session`);
+4. re-creates every variable of the lost PS (a `tf.Variable` whose PS restarted is dead for good) on
+   the restarted PS with the layout's placement, and points the model's layers, the tables, the
+   optimizer and the protection at the new objects;
+5. rebuilds them: table chunks and their slots decoded PS to PS in slices (`tf_ecrec.rebuild.stripes`),
+   parity re-encoded the same way, dense variables and the iteration count copied from a surviving
+   replica;
+6. drops the model's traced step so the next ``fit`` retraces it over the new variables.
 
-Training does not run during these steps (the coordinator stopped with
-the error); `tf_ecrec.pss.fit` resumes at the step the job was at.  A task
-failure during them (the restarted PS not answering yet, a channel still
-backing off, the PS lost again) starts the recovery over from step 1; a PS
-whose variables a cut attempt re-created stays lost until an attempt
-finishes it, although its new anchor answers.  A loss
-beyond what the code covers (more than ``r`` chunks of a stripe, a dense
-variable with no surviving copy) or a model variable outside the
-protection on a lost PS (a BatchNormalization statistic, say) raises
-`RecoveryError`: the job falls back to its checkpoint.
+Training does not run during these steps (the coordinator stopped with the error); `tf_ecrec.pss.fit`
+resumes at the step the job was at.  A task failure during them (the restarted PS not answering yet, a
+channel still backing off, the PS lost again) starts the recovery over from step 1; a PS whose
+variables a cut attempt re-created stays lost until an attempt finishes it, although its new anchor
+answers.  A loss beyond what the code covers (more than ``r`` chunks of a stripe, a dense variable with
+no surviving copy) or a model variable outside the protection on a lost PS (a BatchNormalization
+statistic, say) raises `RecoveryError`: the job falls back to its checkpoint.
 """
 
 from __future__ import annotations
@@ -118,7 +111,7 @@ class PSSRecovery:
         self.protection = protection
         self.model = model
         self.slice_bytes = int(slice_bytes)
-        self.generation = 0
+        self.generation = 0  # the generation this object last set on the logs (`raise_generation`)
         self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
         self._unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
         self._bookkeeping = {
@@ -195,9 +188,8 @@ class PSSRecovery:
         self._unfinished = set(lost)
         # 3. refuse the steps of the traced step from now on (one still in flight on a worker), then settle
         #    what the failure cut, on the survivors (docs/settlement.md, invariant vi).
-        self.generation = min(self.generation + 1, MAX_GENERATION)
         settle = self._reconciler()
-        settle.built.set_generation(settle, alive, self.generation)
+        self.raise_generation(settle, alive)
         result.settled = settle.built.settle(settle, alive, lost).counts()
         # 4. new variables on the restarted PS, the references re-pointed.
         replaced = self._replace(lost)
@@ -212,6 +204,15 @@ class PSSRecovery:
         result.seconds = time.monotonic() - started
         _LOG.warning("recovered PS %s from parity at step %d in %.1fs: %s", lost, result.step, result.seconds, result.settled)
         return result
+
+    def raise_generation(self, settle: FunctionSession, alive: list[int]) -> int:
+        """Sets, on the `alive` logs, one above the highest generation any of them admits (or this object
+        set): the cluster's generation, not a count of this object's (`fit` and a coordinator loop make one
+        recovery object per call or per failure, and a log never lowers what it admits)."""
+        top = settle.built.propagate_generation(settle, alive, floor=self.generation)
+        self.generation = min(top + 1, MAX_GENERATION)
+        settle.built.set_generation(settle, alive, self.generation)
+        return self.generation
 
     def _resume(self) -> None:
         """Every log at the new generation (a rebuilt PS's fresh one too), the step bound to it, retraced next."""
