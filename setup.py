@@ -60,7 +60,7 @@ setup(
         "tf_ecrec.examples": ["data/*.tsv"],
     },
     install_requires=[
-        "tensorflow-cpu==2.15.1",
+        "tensorflow==2.15.1",  # not tensorflow-cpu: tensorflow-recommenders requires this distribution
         "tensorflow-estimator==2.15.0",
         "tensorflow-recommenders==0.7.3",
         "grpcio>=1.60,<2",

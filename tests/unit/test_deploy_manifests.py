@@ -255,7 +255,7 @@ def test_the_dockerfile_builds_the_ops_against_the_tensorflow_it_installed_first
         lines = [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
     assert lines[0] == "FROM python:3.11-slim"
     text = "\n".join(lines)
-    tensorflow = text.index('"tensorflow-cpu==2.15.1"')
+    tensorflow = text.index('"tensorflow==2.15.1"')  # the distribution setup.py requires: no second one
     install = text.index("pip install --no-build-isolation .")
     assert tensorflow < text.index("COPY . .") < install
     assert "load_library()" in text[install:]  # the image refuses to build with ops it cannot load
