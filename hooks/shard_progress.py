@@ -17,7 +17,9 @@ them while the master is unreachable (warning at most every
 :class:`ShardCheckpointListener` saves the master's shard progress next to
 every model checkpoint.  It asks the master in ``before_save`` (so the blob
 never claims records the saved variables have not seen) and writes
-``shard_state-<dataset>-<step>.json`` in ``after_save``;
+``shard_state-<dataset>-<step>.json`` in ``after_save``, neither while a data
+rollback is owed (`tf_ecrec.recovery.owed`: the progress then counts records
+the model lost);
 :func:`load_shard_checkpoint` finds the blob of a checkpoint for
 ``MasterClient.restore_shard_checkpoint`` when a job restarts.
 
@@ -44,6 +46,7 @@ from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.progress_reporter import ProgressSender, ShardTracker
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
 from tf_ecrec.master.replies import ShardLease
+from tf_ecrec.recovery.owed import owed
 from tf_ecrec.retry import Retry
 
 _LOG = logging.getLogger(__name__)
@@ -144,15 +147,20 @@ class ShardCheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
         self._blob: bytes | None = None
 
     def before_save(self, session: Any, global_step_value: int) -> None:
+        self._blob = None
+        if owed(self._dir) is not None:  # the master's progress counts records the model lost
+            _LOG.warning("Checkpoint at step %d saved without shard progress: a data rollback is owed",
+                         global_step_value)
+            return
         try:
             self._blob = self._client.shard_checkpoint(self._dataset)
         except EcRecError as exc:
-            self._blob = None
             _LOG.warning("Checkpoint at step %d saved without shard progress: %s",
                          global_step_value, exc)
 
     def after_save(self, session: Any, global_step_value: int) -> None:
-        if self._blob is None:
+        if self._blob is None or owed(self._dir) is not None:  # a restore since before_save
+            self._blob = None
             return
         path = shard_checkpoint_path(self._dir, self._dataset, global_step_value)
         tmp = path + ".tmp"

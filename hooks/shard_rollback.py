@@ -1,4 +1,11 @@
-"""Rolling the master's shard progress back with the model when the chief restores a checkpoint.
+"""Rolling the master's shard progress back with the model when the chief restores it.
+
+Two hooks.  `OwedRollbackHook` pays the rollback that a restore of tf_ecrec's recovery (a flash
+snapshot or a checkpoint, `tf_ecrec.recovery.owed`) recorded in the model dir before it wrote any PS:
+the record survives the chief that restored.  `ShardRollbackHook` saves the shard progress with every
+checkpoint and, for a job whose restores are the stock ``ChiefSessionCreator``'s (restored whenever a
+checkpoint exists), rolls it back at each session creation; with tf_ecrec's recovery its
+``restored`` says False and the owed record does the rollback.
 
 The shard progress saved beside a checkpoint (`ShardCheckpointListener`)
 says which records that checkpoint's variables have seen.  When the chief's
@@ -43,13 +50,17 @@ import glob
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.errors import ConfigError
+from tf_ecrec import failpoints
+from tf_ecrec.errors import ConfigError, MasterError, MasterUnavailable
 from tf_ecrec.master.client import MasterClient
+from tf_ecrec.recovery.owed import clear, owe, owed
+from tf_ecrec.retry import Retry
 
 from . import shard_progress
 
@@ -106,10 +117,13 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
       checkpoint_dir: The Estimator's ``model_dir``.
       restored: Called once per session creation, after it: whether the
         session restored the checkpoint.  Default: whenever one existed.
+      payer: the `OwedRollbackHook` that pays a rollback (a restore owes it in the model dir
+        first, so a chief that dies, or a master that cannot be reached, does not drop it); pass
+        the one in the hook list, whose thread retries.  Default: one of its own.
     """
 
     def __init__(self, client: MasterClient, dataset: str, checkpoint_dir: str,
-                 restored: Callable[[], bool] | None = None) -> None:
+                 restored: Callable[[], bool] | None = None, payer: OwedRollbackHook | None = None) -> None:
         if not dataset or not checkpoint_dir:
             raise ConfigError(f"ShardRollbackHook dataset={dataset!r}, checkpoint_dir={checkpoint_dir!r}; "
                               "rule: both non-empty")
@@ -120,7 +134,12 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         self.listener = _ShardStateListener(self, shard_progress.ShardCheckpointListener(client, dataset, checkpoint_dir))
         self.session: Any = None
         self._pending: tuple[int, int | None] | None = None
-        self.rollbacks: list[tuple[int, int]] = []  # (checkpoint step, shard state step) per rollback
+        self._payer = payer or OwedRollbackHook(client, dataset, checkpoint_dir)
+
+    @property
+    def rollbacks(self) -> list[tuple[int, int | None]]:
+        """(restored step, shard state step) per rollback paid."""
+        return self._payer.rollbacks
 
     def creation_save(self, step: int, latest_before: int | None) -> None:
         """Called by the listener for the save made while a session is created."""
@@ -134,20 +153,17 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
             return  # no save at creation (no checkpoint interval): nothing to roll back to either
         step, latest_before = pending
         if latest_before is not None and (restored if restored is not None else True):
-            self._roll_back(latest_before)
-        # The checkpoint written at creation gets the progress as it now stands.
+            owe(self.checkpoint_dir, latest_before, "checkpoint")
+            self._payer.pay_or_retry()  # if the master is away it stays owed, retried on a thread
+        # The checkpoint written at creation gets the progress as it now stands (none while owed).
         self.listener.inner.before_save(session, step)
         self.listener.inner.after_save(session, step)
-
-    def _roll_back(self, checkpoint_step: int) -> None:
-        state_step = roll_back_shards(self._client, self._dataset, self.checkpoint_dir, checkpoint_step, "checkpoint")
-        if state_step is not None:
-            self.rollbacks.append((checkpoint_step, state_step))
 
 
 def roll_back_shards(client: MasterClient, dataset: str, checkpoint_dir: str, step: int, what: str) -> int | None:
     """Restores to the master the newest shard state saved at or before `step` (the model was
-    restored from `what` of that step); returns the state's step, None if there was none."""
+    restored from `what` of that step) and removes the states saved after it (they count records
+    of steps the restore threw away); returns the state's step, None if there was none."""
     found = newest_shard_state(checkpoint_dir, dataset, step)
     if found is None:
         _LOG.error("The model was restored from the %s of step %d, but no shard progress was saved at "
@@ -157,33 +173,111 @@ def roll_back_shards(client: MasterClient, dataset: str, checkpoint_dir: str, st
     with tf.io.gfile.GFile(path, "rb") as handle:
         blob = handle.read()
     client.restore_shard_checkpoint(dataset, blob)
+    for newer in glob.glob(os.path.join(checkpoint_dir, f"shard_state-{glob.escape(dataset)}-*.json")):
+        match = re.search(r"-(\d+)\.json$", newer)
+        if match and int(match.group(1)) > step:
+            tf.io.gfile.remove(newer)
     log = _LOG.info if state_step == step else _LOG.warning
     log("Model restored from the %s of step %d: shard progress of %r rolled back to the state saved "
         "at step %d", what, step, dataset, state_step)
     return state_step
 
 
-class FlashRollbackHook(tf.compat.v1.train.SessionRunHook):
-    """The chief's hook that rolls the master's shard progress back with a flash checkpoint restore.
+class OwedRollbackHook(tf.compat.v1.train.SessionRunHook):
+    """The chief's hook that pays the data rollback a restore owes (`tf_ecrec.recovery.owed`).
 
-    The flash checkpoint's rounds save the shard progress (a `ShardCheckpointListener` called
-    while the trainers are parked, before the capture, so it never counts a record the snapshot
-    does not hold); when a session's creation restored a snapshot of step G (`restored_step`
-    says so, once), the newest progress saved at or before G goes back to the master.
+    A restore (flash snapshot or checkpoint) records "rollback owed to step G" in the model dir
+    before it writes any PS; this hook rolls the master's shard progress back to the newest state
+    saved at or before G and only then clears the record.  The record, not this object, holds the
+    debt: a chief that dies between the restore and the master's acknowledgement leaves it to the
+    next chief, which pays it at its session creation though it restores nothing.  Lifecycle::
+
+        after_create_session   pay (one bounded attempt); if the master cannot be reached, a thread
+                               retries with backoff (`retry`) while training goes on
+        end                    stop the thread; one last bounded attempt; else it stays owed
+
+    Args:
+      client: A :class:`MasterClient` (its calls are bounded by its own retry policy).
+      dataset: The dataset name.
+      checkpoint_dir: The Estimator's ``model_dir`` (the record and the saved shard states).
+      retry: Backoff between attempts of the background thread (`max_tries` bounds it).
+      task: this task's name, for the failpoint after a restore (`tf_ecrec.failpoints`).
     """
 
-    def __init__(self, client: MasterClient, dataset: str, checkpoint_dir: str,
-                 restored_step: Callable[[], int | None]) -> None:
+    def __init__(self, client: MasterClient, dataset: str, checkpoint_dir: str, retry: Retry | None = None,
+                 task: str | None = None) -> None:
+        if not dataset or not checkpoint_dir:
+            raise ConfigError(f"OwedRollbackHook dataset={dataset!r}, checkpoint_dir={checkpoint_dir!r}; "
+                              "rule: both non-empty")
         self._client = client
         self._dataset = dataset
         self._dir = checkpoint_dir
-        self._restored_step = restored_step
-        self.rollbacks: list[tuple[int, int]] = []  # (snapshot step, shard state step)
+        self._retry = retry or _PAY_RETRY
+        self._task = task
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.rollbacks: list[tuple[int, int | None]] = []  # (restored step, shard state step) per payment
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        step = self._restored_step()
-        if step is None:
+        self._stop_thread()
+        debt = owed(self._dir)
+        if debt is None:
             return
-        state_step = roll_back_shards(self._client, self._dataset, self._dir, step, "flash checkpoint")
-        if state_step is not None:
-            self.rollbacks.append((step, state_step))
+        failpoints.fire_in_python(failpoints.FailPoint.CHIEF_AFTER_RESTORE, self._task, debt.step)
+        self.pay_or_retry()
+
+    def pay_or_retry(self) -> None:
+        """Pays the debt now (one bounded attempt); if the master did not take it, retries on a thread."""
+        if self.pay() or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pay_in_background, args=(self._stop,),
+                                        name="ec-owed-rollback", daemon=True)
+        self._thread.start()
+
+    def end(self, session: Any) -> None:
+        self._stop_thread()
+        if not self.pay():
+            debt = owed(self._dir)
+            _LOG.error("training ended with the data rollback to step %s still owed (the master could not be "
+                       "reached); the next chief start pays it", debt.step if debt else "?")
+
+    def pay(self) -> bool:
+        """Pays the debt recorded, if any (rolls the progress back, then clears it); whether none is left."""
+        with self._lock:
+            debt = owed(self._dir)
+            if debt is None:
+                return True
+            try:
+                state_step = roll_back_shards(self._client, self._dataset, self._dir, debt.step, debt.what)
+            except MasterError as exc:
+                _LOG.warning("the data rollback to step %d is owed and the master did not take it: %s", debt.step, exc)
+                return False
+            clear(self._dir, debt)  # a restore since the read owes its own: it stays
+            self.rollbacks.append((debt.step, state_step))
+            return owed(self._dir) is None
+
+    def _pay_in_background(self, stop: threading.Event) -> None:
+        def attempt() -> None:
+            if stop.is_set():
+                return
+            if not self.pay():
+                raise MasterUnavailable("the owed data rollback was not taken")
+
+        try:
+            self._retry.replace(sleep_func=stop.wait)(attempt)
+        except MasterUnavailable:
+            if not stop.is_set():
+                _LOG.error("the data rollback is still owed after %d attempts; the next session creation retries",
+                           self._retry.max_tries)
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30.0)
+            self._thread = None
+
+
+_PAY_RETRY = Retry(max_tries=200, delay=0.5, backoff=2.0, max_delay=15.0, deadline=None,
+                   retry_if=lambda exc: isinstance(exc, MasterUnavailable))

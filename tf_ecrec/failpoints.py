@@ -36,6 +36,11 @@ Points, in the order a step reaches them:
     committed.
 ``worker_before_commit``
     on the worker, after every update of the step, before its commit.
+
+One point is not in a step: ``chief_after_restore`` kills the chief after a restore (flash snapshot
+or checkpoint) brought the model back and before the data rollback it owes reached the master
+(`tf_ecrec.hooks.shard_rollback.OwedRollbackHook`, through `fire_in_python`; its step is the
+restored one): ``chief_after_restore@chief:0@step=0``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import enum
 import logging
 import os
 import re
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,6 +73,7 @@ class FailPoint(str, enum.Enum):
     PARITY_PS_AFTER_FOLD = "parity_ps_after_fold"
     PS_AFTER_COUNT = "ps_after_count"
     WORKER_BEFORE_COMMIT = "worker_before_commit"
+    CHIEF_AFTER_RESTORE = "chief_after_restore"
 
     def __str__(self) -> str:
         return self.value
@@ -126,6 +133,26 @@ class FailpointPlan:
                 )
             armed.append(Armed(FailPoint(m["point"]), m["task"], int(m["step"])))
         return cls(tuple(armed))
+
+
+def fire_in_python(point: FailPoint, task: str | None = None, step: int = 0,
+                   environ: Mapping[str, str] | None = None) -> None:
+    """SIGKILLs this process if `point` is armed for `task` (default: ``TF_ECREC_TASK``) at `step` or
+    later and has not fired in this job (the marker file the C++ op uses, created exclusively)."""
+    environ = os.environ if environ is None else environ
+    plan = FailpointPlan.from_environ(environ)
+    task = task or environ.get(ENV_TASK)
+    if plan is None or not task or not any(a.point is point and a.task == task and step >= a.step for a in plan.armed):
+        return
+    marker = os.path.join(environ.get(ENV_DIR) or "/tmp", f"tf_ecrec_failpoint_{point.value}_{task}".replace(":", "_"))
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return  # fired already in this job
+    os.write(fd, str(step).encode())
+    os.close(fd)
+    _LOG.warning("failpoint %s: killing %s at global step %d", point.value, task, step)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _failpoint(plan: FailpointPlan | None, point: FailPoint, device: str, step: tf.Tensor,

@@ -71,10 +71,8 @@ class SettleReport:
 
     def add(self, other: SettleReport) -> None:
         """Adds `other`'s counts to these."""
-        self.undone += other.undone
-        self.finished += other.finished
-        self.committed += other.committed
-        self.rolled_back += other.rolled_back
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     def counts(self) -> dict[str, int]:
         return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
@@ -148,9 +146,8 @@ class Reconciler:
         """Settles every pending step on the surviving PS tasks; returns counts by action."""
         return self.settle(sess, alive, lost).counts()
 
-    def settle(
-        self, sess: tf.compat.v1.Session, alive: Iterable[int], lost: Iterable[int] = (), only: Sequence[int] | None = None
-    ) -> SettleReport:
+    def settle(self, sess: tf.compat.v1.Session, alive: Iterable[int], lost: Iterable[int] = (),
+               only: Sequence[int] | None = None) -> SettleReport:
         """Steps A-D of the module docstring on the `alive` PS tasks; `lost` PS tasks' variables
         are about to be rebuilt from parity.  `only` restricts it to those steps (no lost PS)."""
         with self._lock:
@@ -171,11 +168,9 @@ class Reconciler:
                            sleep: Callable[[float], None] = time.sleep) -> SettleReport:
         """At the end of a trainer's training: settles the steps pending now that dead tasks left.
 
-        Other trainers may still be running steps: those commit within milliseconds and are left
-        alone (fencing them would fail their steps and make this wait behind their commits). Each
-        step pending at the first read is watched until it commits, or is settled once it is stale
-        (`settle_stale`'s rule); the wait is bounded by about ``2 * stale_secs``.
-        """
+        Other trainers' steps commit within milliseconds and are left alone (fencing them would fail
+        them). Each step pending at the first read is watched until it commits, or settled once stale
+        (`settle_stale`'s rule); the wait is bounded by about ``2 * stale_secs``."""
         alive = sorted(p for p in alive if p in self._read)
         total = SettleReport()
         deadline = clock() + 2 * stale_secs
@@ -221,12 +216,23 @@ class Reconciler:
             self.set_generation(sess, alive, top)
         return top
 
-    def discard(self, sess: tf.compat.v1.Session, alive: Iterable[int]) -> int:
-        """Fences and commits every pending step without acting on it (after a checkpoint restore
-        rewrote every variable, the logged deltas describe a state that is gone)."""
+    def fence_pending(self, sess: tf.compat.v1.Session, alive: Iterable[int], also: Iterable[int] = ()) -> set[int]:
+        """Fences every step pending on the `alive` logs, and the steps `also`; returns their sids
+        (from here their writes fail: a restore fences before it overwrites, tf_ecrec.recovery.restore)."""
         with self._lock:
             alive = sorted(p for p in alive if p in self._read)
-            pending = sorted({e.sid for s in self._snapshots(sess, alive).values() for e in s.entries})
+            pending = {e.sid for s in self._snapshots(sess, alive).values() for e in s.entries} | set(also)
+            if pending:
+                self._on_every(sess, self._fence, alive, sorted(pending))
+            return pending
+
+    def discard(self, sess: tf.compat.v1.Session, alive: Iterable[int], sids: Iterable[int] | None = None) -> int:
+        """Fences and commits the steps `sids` (default: every pending step) without acting on them (after a
+        restore rewrote every variable, their logged deltas describe a state that is gone)."""
+        with self._lock:
+            alive = sorted(p for p in alive if p in self._read)
+            pending = sorted({e.sid for s in self._snapshots(sess, alive).values() for e in s.entries}
+                             if sids is None else set(sids))
             if pending:
                 self._on_every(sess, self._fence, alive, pending)
                 self._on_every(sess, self._round2, alive, pending)
@@ -294,13 +300,10 @@ class Reconciler:
 
     @staticmethod
     def _keeps(mine: list[tuple[int, ec_ops.DeltaLogEntry]], tops: dict[int, int]) -> bool:
-        """Whether an uncommitted step is finished (kept) rather than undone where it can be.
-
-        Kept if part of it survives a lost PS for good (a fold of a lost variable at or below the
-        top B kept), or if it was counted and no data PS was lost (every fold it lacks can then be
-        made from its applies).  Otherwise a lost data PS's part of it is gone (B rolled it back):
-        the rest is undone where it is the newest update, so that the step is undone whole, not
-        kept on the survivors only (`tops` is empty when no data PS was lost)."""
+        """Whether an uncommitted step is finished (kept) rather than undone where it can be: kept if a
+        fold of a lost variable at or below the top B kept survives, or if it was counted and no data PS
+        was lost (its missing folds can be made from its applies).  Otherwise B rolled its lost part
+        back and the rest is undone where newest, whole (`tops` is empty when no data PS was lost)."""
         kept = any(e.kind == ec_ops.EntryKind.FOLD and e.source in tops and e.source_seq <= tops[e.source] for _, e in mine)
         counted = any(e.kind == ec_ops.EntryKind.COUNTER for _, e in mine)
         return kept or (counted and not tops)

@@ -41,6 +41,7 @@ from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_ind
 from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.graph import checkpoint_step, whole_marker
+from tf_ecrec.recovery.owed import owe
 from tf_ecrec.recovery.plan import READY_WAIT_SECS
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
 from tf_ecrec.recovery.scaffold import raising_ready_op
@@ -83,10 +84,13 @@ class FlashRecovery:
         if not lost:
             return None
         choice = self.snapshots.choose(sess)
+        # A restore owes the data rollback to its step before it writes (tf_ecrec.recovery.owed).
         if choice is not None and (restore is None or choice.global_step >= checkpoint_step(self._model_dir)):
+            owe(self._model_dir, choice.global_step, "flash checkpoint")
             self.snapshots.restore(sess, choice, options=self._long)
             method = RecoveryMethod(choice.method)
         elif restore is not None:
+            owe(self._model_dir, checkpoint_step(self._model_dir), "checkpoint")
             restore()
             method = RecoveryMethod.CHECKPOINT
         else:

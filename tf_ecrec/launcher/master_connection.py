@@ -83,8 +83,6 @@ class MasterConnection:
         self.stop_requested = threading.Event()
         self._rejoin_lock = threading.Lock()
         self._rollback: Any = None
-        self._recovery_method: str | None = None  # of the last erasure-coded session creation
-        self._flash_step: int | None = None  # the step of a flash checkpoint that session restored
 
     # ---- membership -------------------------------------------------------------------
 
@@ -190,7 +188,7 @@ class MasterConnection:
     # ---- hooks ------------------------------------------------------------------------
 
     def hooks(self) -> list[Any]:
-        """Progress acknowledgement, stop on request, and (chief) shard-state rollback with the model."""
+        """Progress acknowledgement, stop on request, and (chief) the shard-state rollbacks restores owe."""
         import tensorflow as tf
 
         from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, CORRUPT_RECORDS_COLLECTION
@@ -210,39 +208,20 @@ class MasterConnection:
 
         hooks: list[Any] = [ShardProgressHook(self.client, self.data.tracker, records=consumed),
                             StopRequestHook(self.stop_requested)]
-        if self.cluster.is_chief and self.job.flash is not None:
-            from tf_ecrec.hooks.shard_rollback import FlashRollbackHook
+        if not self.cluster.is_chief or not (self.job.fault_tolerance.ours or self._saves_checkpoints()):
+            return hooks
+        from tf_ecrec.hooks.shard_rollback import OwedRollbackHook, ShardRollbackHook
 
-            hooks.append(FlashRollbackHook(self.client, DATASET, self.job.model_dir, self._restored_flash))
-        if self.cluster.is_chief and self._saves_checkpoints():
-            from tf_ecrec.hooks.shard_rollback import ShardRollbackHook
-
-            restored = self._restored_checkpoint if self.job.fault_tolerance.ours else None
-            self._rollback = ShardRollbackHook(self.client, DATASET, self.job.model_dir, restored=restored)
+        # A restore owes the data rollback in the model dir before it writes a PS (tf_ecrec.recovery.owed):
+        # the payer rolls the master back, at every session creation and from a thread while the master is away.
+        payer = OwedRollbackHook(self.client, DATASET, self.job.model_dir, task=self.cluster.task)
+        hooks.append(payer)
+        if self._saves_checkpoints():
+            # tf_ecrec's recovery owes its own restores; a stock session restores whenever a checkpoint exists.
+            restored = (lambda: False) if self.job.fault_tolerance.ours else None
+            self._rollback = ShardRollbackHook(self.client, DATASET, self.job.model_dir, restored=restored, payer=payer)
             hooks.append(self._rollback)
         return hooks
-
-    def recovery_listener(self, inner: Any) -> Any:
-        """Wraps an erasure-coded or flash-checkpointed model's recovery listener to learn whether a session
-        restored the checkpoint (or a flash snapshot)."""
-
-        def listener(result: Any) -> None:
-            if result.method not in ("rebuilt", "settled"):  # those come from background threads, not a session's creation
-                self._recovery_method = result.method
-                self._flash_step = result.global_step if result.method in ("memory", "disk") else None
-            inner(result)
-
-        return listener
-
-    def _restored_checkpoint(self) -> bool:
-        # tf_ecrec.recovery reads the checkpoint only for method "checkpoint" (too many PS lost, or all of them).
-        method, self._recovery_method = self._recovery_method, None
-        return method == "checkpoint"
-
-    def _restored_flash(self) -> int | None:
-        # The step of the flash checkpoint the last session creation restored, once.
-        step, self._flash_step = self._flash_step, None
-        return step
 
     def flash_listeners(self) -> list[Any]:
         """The chief's flash checkpoint listeners: the shard progress saved with every snapshot."""

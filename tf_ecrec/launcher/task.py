@@ -165,8 +165,6 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
             watch = StepWatch()
             extra_hooks.append(watch)
             recovery = RecoveryLog(os.path.join(job.model_dir, RECOVERY_FILE), cluster.task, watch, then=recovery)
-        if master is not None:  # the chief's shard-progress rollback follows the recovery's method
-            recovery = master.recovery_listener(recovery)
     if job.fault_tolerance is FaultTolerance.FLASH:
         from tf_ecrec.flash.stock import flash_model_fn
 

@@ -10,8 +10,7 @@ The seam (DESIGN.md section 2): when a PS dies, every worker's step fails and
 asks `tf_ecrec.recovery.decision.decide` what to do (the decision table is
 that module's docstring) and does it.
 
-Initialisation, rebuild, restore and checkpoint saves run with
-`LONG_OP_TIMEOUT_MS` as their deadline (`tf_ecrec.recovery.deadline_session`), not the session's operation timeout.
+Initialisation, rebuild, restore and checkpoint saves run with `LONG_OP_TIMEOUT_MS` as their deadline.
 
 By default (``background=True``) the table rows of lost PS are rebuilt while
 training goes on: once settled, the lost variables allocated, their dense
@@ -23,12 +22,11 @@ docs/rebuild.md).  A session re-created before the rebuild is done resumes
 it; a PS lost meanwhile makes the unfinished one count as lost too.
 Checkpoints and the end of training wait for the rebuild.
 
-The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost
-variables are allocated on their PS and decoded there in bounded slices
-from the surviving stripe members with the C++ GF(2^16) kernels, dense
-variables copied from a surviving replica, with ops built before the graph
-was finalized.  No table bytes pass through the chief, no checkpoint is read
-when parity suffices, and surviving PS keep their state.
+The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost variables are decoded on their
+PS in bounded slices from the surviving stripe members, dense variables copied from a surviving
+replica.  No table bytes pass through the chief, no checkpoint is read when parity suffices, and
+surviving PS keep their state.  A restore (flash snapshot or checkpoint) is fenced and owes the data
+rollback before it writes (`tf_ecrec.recovery.restore`).
 
 Workers wait for the chief with a ready op that first waits on every PS
 (up to `READY_WAIT_SECS`, without holding a PS thread) for the marker the
@@ -58,6 +56,7 @@ from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES, Rebuilder
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
 from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
 from tf_ecrec.recovery.graph import checkpoint_step, initialiser_batches, protected_names, replica_tasks, whole_marker
+from tf_ecrec.recovery.restore import fenced_restore
 from tf_ecrec.recovery.result import Listener, Phases, RecoveryMethod, RecoveryResult
 from tf_ecrec.steplog import Reconciler, SettleReport
 
@@ -184,8 +183,8 @@ class RecoveryPlan:
         )
         if action in (Action.RESTORE, Action.FALLBACK) and flash is not None and (
                 restore is None or flash.global_step >= checkpoint_step(self._model_dir)):
-            self.flash.restore(sess, flash, options=self._long)
-            self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
+            fenced_restore(sess, self.reconciler, self.reconciler_ps(), lost, lambda: self.flash.restore(sess, flash, options=self._long),
+                           self._model_dir, flash.global_step, "flash checkpoint", self._graph_generation())
             laps.lap("restore")
             self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
             self._mark_whole(sess, self.whole_markers if action is Action.RESTORE else lost)
@@ -204,8 +203,8 @@ class RecoveryPlan:
             return self._done(result.settled(report), started, sess)
         if action is Action.RESTORE:
             assert restore is not None  # decide() restores only when a checkpoint is offered
-            restore()
-            self.reconciler.discard(sess, self.reconciler_ps())
+            fenced_restore(sess, self.reconciler, self.reconciler_ps(), [], restore, self._model_dir, checkpoint_step(self._model_dir),
+                           "checkpoint", self._graph_generation())
             self._reencode(sess)
             self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
             self._mark_whole(sess, self.whole_markers)
@@ -237,8 +236,8 @@ class RecoveryPlan:
             )
         _LOG.warning("PS %s lost and %s: restoring every variable from the checkpoint", lost, reason)
         assert restore is not None  # FALLBACK: decide() falls back only when a checkpoint is offered
-        restore()
-        self.reconciler.discard(sess, [p for p in self.reconciler_ps() if p not in lost])
+        fenced_restore(sess, self.reconciler, self.reconciler_ps(), lost, restore, self._model_dir, checkpoint_step(self._model_dir),
+                       "checkpoint", self._graph_generation())
         laps.lap("restore")
         self._reencode(sess)
         laps.lap("reencode")
@@ -311,8 +310,7 @@ class RecoveryPlan:
             job.start(sess, on_done=done, share=self.rebuild_share)
 
     run_threads = True
-    """Whether a background rebuild runs on threads; the fault-schedule harness sets it False and
-    drives `job`'s steps itself, then calls `finish_job`."""
+    """Whether a background rebuild runs on threads (the harness sets False, drives `job`, calls `finish_job`)."""
 
     def finish_job(self, sess: tf.compat.v1.Session) -> None:
         """For a caller driving the job's steps: ends it after its walk and reports it."""
