@@ -171,7 +171,25 @@ def test_with_a_master_the_data_section_is_the_masters_counters_and_the_in_fligh
         "records_total": 1000, "records_trained": 1040, "records_retrained": 40, "records_requeued": 64,
         "records_failed": 0, "shards_failed": 0, "finished": True, "corrupt_records": 3,
         "failures": failures, "records_in_flight_at_failures": 128,
+        # the model's side: 8 steps of at most 256 records hold at most 2,048 of the 1,000
+        "records_in_model_max": 2048, "records_lost_from_model": 0,
     }
+
+
+def test_the_model_side_bound_catches_acknowledged_records_in_no_model():
+    from tf_ecrec.launcher.console import summary
+    from tf_ecrec.launcher.data_report import records_lost_from_model
+    from tf_ecrec.master.sharding import DataStats
+
+    # Issue 30, case 1 as reported: 102,400 records acknowledged once each, the model at step 346 of 256.
+    assert records_lost_from_model(102_400, 346, 256) == 13_824
+    assert records_lost_from_model(102_400, 400, 256) == 0 and records_lost_from_model(102_400, 459, 256) == 0
+    stats = DataStats("train", 102_400, 102_400, 0, 0, 0, 0, 0, (), True)
+    report = build_report(job=JobSpec(steps=400), t0=0.0, events=[], timeline=[],
+                          done_reports={"chief:0": {"step": 346}}, digest={}, data_state=stats)
+    assert report["data"]["records_trained"] - report["data"]["records_retrained"] == report["data"]["records_total"]
+    assert report["data"]["records_lost_from_model"] == 13_824  # what the counters alone cannot see
+    assert "NOT IN THE MODEL: at least 13,824" in summary(report, "r.json")
 
 
 def test_an_unknown_in_flight_count_leaves_the_bound_unknown():

@@ -97,6 +97,11 @@ def summary(report: dict[str, Any], path: str) -> str:
                 f"  DROPPED: {data['records_failed']:,} records of {data['shards_failed']:,} shards were given up "
                 "after failing more often than the shard failure limit; they were NOT trained"
             )
+        if data.get("records_lost_from_model"):
+            lines.append(
+                f"  NOT IN THE MODEL: at least {data['records_lost_from_model']:,} acknowledged records (the model's "
+                f"{report.get('global_step'):,} steps hold at most {data['records_in_model_max']:,})"
+            )
     lines.append(f"  variables_sha256 {report['variables_sha256']}")
     lines.append(f"report: {path} (plot: {report.get('plot')})")
     return "\n".join(lines)

@@ -90,7 +90,11 @@ Field names are stable (other tools read them):
       the records acknowledged since that checkpoint, by design: the model
       lost them.  For a task the master's membership lost, the count is read
       when the launcher notices, after the master re-queued that task's
-      records.
+      records;
+    - ``records_in_model_max`` and ``records_lost_from_model``: the model's side
+      (`tf_ecrec.launcher.data_report`): at most ``global_step * batch_size``
+      records are in the model, so at least ``records_total`` less that were
+      acknowledged and are in no model; 0 in a correct run.
 ``throughput``
     ``[[t, samples_per_sec], ...]`` per second, for plotting.
 ``memory``
@@ -103,9 +107,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from tf_ecrec.launcher.autoscaling import scaling_entries
+from tf_ecrec.launcher.data_report import data_section
 from tf_ecrec.launcher.diagnosis import exit_entries
 from tf_ecrec.launcher.events import Event
 
@@ -302,7 +307,7 @@ def build_report(
         "variables_sha256": digest.get("variables_sha256"),
         "variables": {"count": digest.get("variables"), "bytes": digest.get("bytes")},
         **({"parity": digest["parity"]} if "parity" in digest else {}),
-        "data": data_section(done_reports, data_state, failures),
+        "data": data_section(done_reports, data_state, failures, global_step=final_step, batch_size=job.batch_size),
         "throughput": throughput_series(timeline, t0),
         "finish_seconds": finish_seconds(events, timeline, t0),
         "memory": {
@@ -325,33 +330,6 @@ def finish_seconds(events: Sequence[Event], timeline: Sequence[tuple[float, int,
     if not exits or not steps:
         return None
     return round(max(0.0, exits[-1] - max(steps)), 3)
-
-
-def data_section(
-    done_reports: Mapping[str, Mapping[str, Any]],
-    data_state: Any = None,
-    failures: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The report's ``data`` (see the module docstring)."""
-    corrupt = int(sum(int(r.get("corrupt_records", 0)) for r in done_reports.values()))
-    if data_state is None:
-        return {
-            "records_trained": int(sum(int(r.get("records", 0)) for r in done_reports.values())),
-            "corrupt_records": corrupt,
-        }
-    in_flight = [f.get("records_in_flight") for f in failures]
-    return {
-        "records_total": int(data_state.records_total),
-        "records_trained": int(data_state.records_trained),
-        "records_retrained": int(data_state.records_retrained),
-        "records_requeued": int(data_state.records_requeued),
-        "records_failed": int(data_state.records_failed),
-        "shards_failed": int(data_state.shards_failed),
-        "finished": bool(data_state.finished),
-        "corrupt_records": corrupt,
-        "failures": [dict(f) for f in failures],
-        "records_in_flight_at_failures": None if None in in_flight else int(sum(cast("list[int]", in_flight))),
-    }
 
 
 def plot_throughput(report: Mapping[str, Any], path: str) -> str | None:
