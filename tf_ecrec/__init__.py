@@ -12,11 +12,14 @@ TensorFlow)::
     tf_ecrec.train_and_evaluate(estimator, train_spec, eval_spec, ec=...)
     tf_ecrec.train(estimator, input_fn, ec=...) a user's Estimator protected, under any TF_CONFIG launcher
 
-``tf_ecrec.ops.load_library()`` (called by the first op built, and by every
-task process at start, PS included) checks that the compiled op library
-matches the installed TensorFlow.
+Importing ``tf_ecrec`` in a process that has imported TensorFlow loads the
+compiled op library (checked against the installed TensorFlow): a parameter
+server whose script imports ``tf_ecrec`` after ``tensorflow`` serves the
+kernels with no further call.  Without TensorFlow in the process nothing is
+loaded (the first op built, or ``tf_ecrec.ops.load_library()``, does it).
 """
 
+import sys
 from typing import Any
 
 from tf_ecrec.ec_config import ECConfig
@@ -34,6 +37,11 @@ _LAZY = {
 }
 
 __all__ = ["ECConfig", "EcRecError", "__version__", *_LAZY]
+
+if "tensorflow" in sys.modules:  # a TensorFlow process (a user's PS too) serves the kernels from its import on
+    from tf_ecrec.ops.loader import load_if_tensorflow
+
+    load_if_tensorflow()
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,6 @@ SOURCE_ROOTS = {
 # Module name prefixes and their layers; the longest matching prefix wins.
 LAYERS: dict[str, float] = {
     # 0 foundation: values, errors, the code's arithmetic, the data formats.
-    "tf_ecrec": 0,
     "tf_ecrec.errors": 0,
     "tf_ecrec.version": 0,
     "tf_ecrec.retry": 0,
@@ -39,6 +38,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.graph_registry": 0,
     "tf_ecrec.data": 0,
     # 1 devices: the op library and its wrappers, where things are placed, reaching PS tasks.
+    "tf_ecrec": 1,  # the package's facade: loads the op library when TensorFlow is in the process
     "tf_ecrec.ops": 1,
     "tf_ecrec.table_layout": 1,
     "tf_ecrec.placement": 1,

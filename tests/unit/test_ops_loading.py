@@ -1,4 +1,4 @@
-"""When the op library is loaded: never at import, on the first op a wrapper builds.
+"""When the op library is loaded: at ``import tf_ecrec`` in a TensorFlow process, else on the first op built.
 
 Each case runs in a fresh interpreter (this test process has long loaded the
 library), and looks at the loader's handle and at the process's memory map.
@@ -98,27 +98,42 @@ def test_log_snapshot_works_without_tensorflow_or_the_library() -> None:
         assert snapshot.entries[0].kind is EntryKind.COUNTER
         assert "tensorflow" not in sys.modules, "log_snapshot imported TensorFlow"
         assert "tf_ecrec.ops.loader" not in sys.modules, "log_snapshot imported the loader"
-        from tf_ecrec.ops import loader
-        assert loader._library is None and not mapped()
+        assert not mapped()
         print("ok")
         """
     )
     assert out.strip().endswith("ok")
 
 
-def test_first_wrapper_call_loads_the_library_and_import_does_not() -> None:
+def test_importing_tf_ecrec_after_tensorflow_loads_the_library() -> None:
+    # What a user's PS process does (issue 30, the upgrade case): no further call serves the kernels.
     out = _run(
         """
         import tensorflow as tf
-        from tf_ecrec import ops as ec_ops
+        assert not mapped()
+        import tf_ecrec
         from tf_ecrec.ops import loader
-
-        ec_ops.parity_update, ec_ops.delta_log  # resolving names loads nothing
-        assert loader._library is None and not mapped()
-        with tf.Graph().as_default():
-            ec_ops.delta_log()
         assert loader._library is not None and mapped()
-        assert ec_ops.load_library() is loader._library
+        from tensorflow.python.framework import op_def_registry
+        assert op_def_registry.get("EcRec>ReadRowWords") is not None  # registered: a server runs its kernel
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_importing_tf_ecrec_without_tensorflow_loads_nothing() -> None:
+    out = _run(
+        """
+        import sys
+        import tf_ecrec, tf_ecrec.ops
+        assert "tensorflow" not in sys.modules, "import tf_ecrec imported TensorFlow"
+        assert "tf_ecrec.ops.loader" not in sys.modules and not mapped()
+        import tensorflow as tf
+        from tf_ecrec import ops as ec_ops
+        with tf.Graph().as_default():
+            ec_ops.delta_log()  # the first op built loads it
+        assert ec_ops.load_library() is sys.modules["tf_ecrec.ops.loader"]._library and mapped()
         print("ok")
         """
     )

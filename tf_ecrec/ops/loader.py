@@ -1,10 +1,14 @@
-"""Loads ``_ec_ops.so`` on first use, refusing one built for another TensorFlow.
+"""Loads ``_ec_ops.so``, refusing one built for another TensorFlow.
 
 The compiled library sits beside this module (built by ``python ops/build.py``,
-or by ``pip install``). Nothing is loaded at import: the op wrappers of
-:mod:`tf_ecrec.ops` call :func:`load_library` when they build their first op,
-and a process that only *runs* the ops (a parameter server executing the
-kernels of a graph built elsewhere) calls it itself before serving.
+or by ``pip install``). A process with TensorFlow loads it when it imports
+``tf_ecrec`` (:func:`load_if_tensorflow`, called by the package), or when it
+imports this module: a parameter server that only *runs* the kernels of a
+graph built elsewhere serves them once its script imported ``tf_ecrec`` after
+TensorFlow, with no further call. A process without TensorFlow (the command
+line, NumPy-only tools reading log snapshots) loads nothing, and the op
+wrappers of :mod:`tf_ecrec.ops` call :func:`load_library` when they build
+their first op.
 
 Call order and state: the first ``load_library()`` reads ``_build_info.py``,
 checks it against the installed TensorFlow (:func:`check_build_info`), loads
@@ -17,7 +21,9 @@ rebuild, and caches nothing (the next call tries again).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import sys
 import threading
 from types import ModuleType
 from typing import Any
@@ -27,6 +33,8 @@ import tensorflow as tf
 from tf_ecrec.errors import OpLibraryError
 from tf_ecrec.ops.build_info import parse_assignments
 
+_LOG = logging.getLogger(__name__)
+
 __all__ = [
     "BUILD_INFO_NAME",
     "LIBRARY_DIR",
@@ -35,6 +43,7 @@ __all__ = [
     "REBUILD_HINT",
     "BuildInfo",
     "check_build_info",
+    "load_if_tensorflow",
     "load_library",
     "read_build_info",
 ]
@@ -156,6 +165,7 @@ def check_build_info(info: BuildInfo, installed_tf_version: str | None = None) -
 
 _lock = threading.Lock()
 _library: ModuleType | None = None
+_import_load_tried = False
 
 
 def _load(directory: str) -> ModuleType:
@@ -204,6 +214,20 @@ def load_library(directory: str | None = None) -> ModuleType:
         return _library
 
 
+def load_if_tensorflow() -> None:
+    """Loads the library if this process has imported TensorFlow; a library that fails to load is
+    logged, not raised (the first op built raises `OpLibraryError`, and a chief names a PS without the
+    kernels with `tf_ecrec.errors.PSKernelsMissing`): importing ``tf_ecrec`` never fails for it."""
+    global _import_load_tried
+    if "tensorflow" not in sys.modules or _import_load_tried:
+        return
+    _import_load_tried = True  # once per process (the package and this module both ask)
+    try:
+        load_library()
+    except OpLibraryError as exc:
+        _LOG.warning("tf_ecrec's op library is not loaded; this process cannot run or serve its ops: %s", exc)
+
+
 def call_op(op: str, logged: dict[str, Any] | None = None, **inputs: Any) -> Any:
     """Builds (eagerly, runs) the library's op function ``op``, loading the library.
 
@@ -219,3 +243,6 @@ def call_op(op: str, logged: dict[str, Any] | None = None, **inputs: Any) -> Any
     """
     function = getattr(load_library(), op if logged is None else f"{op}_logged")
     return function(**(logged or {}), **inputs)
+
+
+load_if_tensorflow()  # importing this module imported TensorFlow: serve the kernels from now on
