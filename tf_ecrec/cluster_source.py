@@ -7,16 +7,20 @@ writes the file with `write_cluster_file` (atomic replace).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.retry import Retry
 
 ENV_CLUSTER_FILE = "TF_ECREC_CLUSTER_FILE"
 """Set by the launcher for every task: the path of the cluster file (`FileClusterSource`)."""
+VERSION_KEY = "version"
+"""The cluster file's optional key beside the jobs: the cluster version (TF_CONFIG's), raised at every
+move.  Trainers take their step generation from it (`tf_ecrec.step_program.StepGeneration`)."""
 
 
 class ClusterSource(Protocol):
@@ -29,6 +33,30 @@ class ClusterSource(Protocol):
           EcRecError: the source cannot be read now (the caller retries until its deadline).
         """
         ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PsView:
+    """One read of a source: the PS addresses and, when the source publishes one, the cluster version."""
+
+    addresses: list[str | None]
+    version: int | None = None
+
+
+@runtime_checkable
+class VersionedClusterSource(ClusterSource, Protocol):
+    """A source that also publishes the cluster version (TF_CONFIG's ``version``, raised at every move)."""
+
+    def ps_view(self) -> PsView:
+        """The addresses and the version, from one read (raises as `ps_addresses`)."""
+        ...
+
+
+def read_view(source: ClusterSource) -> PsView:
+    """One read of `source`: with its version if it publishes one (`VersionedClusterSource`)."""
+    if isinstance(source, VersionedClusterSource):
+        return source.ps_view()
+    return PsView(list(source.ps_addresses()))
 
 
 class MasterClusterSource:
@@ -52,8 +80,9 @@ class FileClusterSource:
     """A JSON file holding the cluster (TF_CONFIG's ``cluster`` dict), kept current by a launcher.
 
     The way a Kubernetes operator publishes a cluster through a mounted
-    ConfigMap.  A PS listed with an empty address is not alive.  The writer
-    replaces the file atomically (`write_cluster_file`).
+    ConfigMap.  A PS listed with an empty address is not alive; an optional
+    ``version`` beside the jobs is the cluster version (`VERSION_KEY`).  The
+    writer replaces the file atomically (`write_cluster_file`).
     """
 
     def __init__(self, path: str, num_ps: int) -> None:
@@ -61,6 +90,10 @@ class FileClusterSource:
         self._num_ps = num_ps
 
     def ps_addresses(self) -> list[str | None]:
+        return self.ps_view().addresses
+
+    def ps_view(self) -> PsView:
+        """The PS addresses and the file's ``version`` (None when the writer gives none)."""
         try:
             with open(self.path) as f:
                 cluster = json.load(f)
@@ -72,12 +105,20 @@ class FileClusterSource:
                 f"cluster file {self.path!r} lists {len(ps)} PS tasks, the job has {self._num_ps}; "
                 f"rule: the PS count does not change; source: {ENV_CLUSTER_FILE}"
             )
-        return [a or None for a in ps]
+        version = cluster.get(VERSION_KEY)
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+            raise ConfigError(f"cluster file {self.path!r} has {VERSION_KEY}={version!r}; rule: an integer >= 0, "
+                              f"raised at every move; source: {ENV_CLUSTER_FILE}")
+        return PsView([a or None for a in ps], version)
 
 
-def write_cluster_file(path: str, cluster: Mapping[str, Sequence[str]]) -> None:
-    """Atomically replaces the cluster file `path` (readers never see half of it)."""
+def write_cluster_file(path: str, cluster: Mapping[str, Sequence[str]], version: int | None = None) -> None:
+    """Atomically replaces the cluster file `path` (readers never see half of it); `version`, the cluster
+    version (TF_CONFIG's, raised at every move), goes beside the jobs under ``"version"``."""
     tmp = f"{path}.tmp{os.getpid()}"
+    content: dict[str, Any] = {k: list(v) for k, v in cluster.items()}
+    if version is not None:
+        content[VERSION_KEY] = int(version)
     with open(tmp, "w") as f:
-        json.dump({k: list(v) for k, v in cluster.items()}, f)
+        json.dump(content, f)
     os.replace(tmp, path)

@@ -35,6 +35,7 @@ from tf_ecrec.device import check_placed, on_ps, storage_device, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
+from tf_ecrec.step_program import StepGeneration
 from tf_ecrec.table_layout import ChunkKind, ChunkSpec, TableSpec
 
 _LOG = logging.getLogger(__name__)
@@ -42,17 +43,27 @@ _LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class ECContext:
-    """Defaults for tables built in this graph: the code, the PS count and the generation.
+    """Defaults for tables built in this graph: the code, the PS count and the step generation.
 
-    ``generation`` is the cluster version (TF_CONFIG ``version``) the graph is
-    built for; it goes into the top bits of every step id, and a PS whose
-    log was raised to a later generation refuses the steps of this graph
-    (`tf_ecrec.steplog`).
+    ``version`` is the cluster version (TF_CONFIG ``version``) the graph is
+    built for: the start of `steps`, the `StepGeneration` whose value goes
+    into the top bits of every step id (a PS whose log was raised to a later
+    generation refuses older steps, `tf_ecrec.steplog`) and whose target
+    follows the cluster when the trainer follows a moved PS in place.
     """
 
     ec: ECConfig
     num_ps: int
-    generation: int = 0
+    version: dataclasses.InitVar[int] = 0
+    steps: StepGeneration = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self, version: int) -> None:
+        object.__setattr__(self, "steps", StepGeneration(version))
+
+    @property
+    def generation(self) -> int:
+        """The version of the cluster this graph's trainer follows now (the chief's recovery raises the PS to it)."""
+        return self.steps.target
 
 
 # The job-wide defaults `ec_model_fn` sets for a graph, and the protected collections built in it.

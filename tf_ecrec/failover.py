@@ -61,6 +61,14 @@ rebuild).  So the loop makes the creation reach the new cluster instead:
   started.  A session created before the retarget is stopped at its next
   step and rebuilt (BUILD) as before.
 
+The generation of a retargeted trainer's steps.  The cluster version (TF_CONFIG's ``version``) is
+the source's when it publishes one (the launcher's cluster file does), else this trainer's count of
+moves; BUILD builds the graph for it, and a retarget raises the graph's `StepGeneration` target to
+it before the ConfigProto names the new cluster, so the chief's recovery in a retargeted session
+raises the PS to the new version, and a session created after it carries that version or, if the
+PS admit a later one, theirs (`tf_ecrec.recovery.generation`): a worker that followed the move in
+place is not refused by the cluster it now reaches.
+
 The rebuild of the lost PS's variables is not this module's: the chief's
 new session runs it (`tf_ecrec.recovery`), exactly as for a PS restarted at
 its old address.  Workers' sessions wait for the chief's rebuild through the
@@ -69,6 +77,7 @@ model's ready op.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -76,11 +85,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_ecrec.cluster_source import ClusterSource
+from tf_ecrec.cluster_source import ClusterSource, read_view
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.migration import ClusterSourceMigrationHook
 from tf_ecrec.ps_session import live_session_config, session_cluster, session_config
+from tf_ecrec.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
 
@@ -208,45 +218,53 @@ class FailoverLoop:
                         f"{self.cluster.task}: {failovers - 1} failovers in a row without a completed step, more "
                         f"than max_failovers = {self._max_failovers}; the cluster keeps failing; source: FailoverLoop"
                     )
-                addresses = self._wait_for_ps()
+                addresses, version = self._wait_for_ps()
                 with self._lock:
                     old = list(self.cluster.ps_addresses)
-                    self.cluster = self._moved(self.cluster, addresses)
+                    self.cluster = self._moved(self.cluster, addresses, version)
                 if addresses != old:
                     state = self._enter(State.BUILD, f"PS moved: {old} -> {addresses}")
                 else:
                     state = self._enter(State.BUILD, "PS at the same addresses")
 
     @staticmethod
-    def _moved(cluster: ClusterConfig, addresses: Sequence[str]) -> ClusterConfig:
+    def _moved(cluster: ClusterConfig, addresses: Sequence[str], version: int | None = None) -> ClusterConfig:
+        """`cluster` with the PS at `addresses`: the version is the source's (`version`), else one more per move."""
         for index, address in enumerate(addresses):
             if address != cluster.ps_addresses[index]:
                 cluster = cluster.replace_address("ps", index, address)
+        if version is not None and version != cluster.version:
+            cluster = dataclasses.replace(cluster, version=version)
         return cluster
 
-    def _retarget(self, addresses: Sequence[str]) -> None:
-        """The migration hook's poller saw the PS at `addresses`: new sessions go there (see the module doc)."""
+    def _retarget(self, addresses: Sequence[str], version: int | None = None, steps: StepGeneration | None = None) -> None:
+        """The migration hook's poller saw the PS at `addresses` (cluster `version`, if the source gives one):
+        new sessions go there, and their steps carry the new version (see the module doc)."""
         import tensorflow as tf
 
         with self._lock:
             old = list(self.cluster.ps_addresses)
-            moved = self._moved(self.cluster, addresses)
+            moved = self._moved(self.cluster, addresses, version)
+            if steps is not None:  # before the config names the new cluster: no session reaches it with the old version
+                steps.follow(moved.version)
             # One assignment of the whole message: a creation that serializes the config sees the old
             # cluster or the new one, never a mix (the GIL holds across the copy).
             self._live_config.cluster_def.CopyFrom(tf.train.ClusterSpec(session_cluster(moved)).as_cluster_def())
             self.cluster = moved
-        self._enter(State.RETARGET, f"PS moved: {old} -> {list(addresses)}")
+        self._enter(State.RETARGET, f"PS moved: {old} -> {list(addresses)} (cluster version {moved.version})")
 
-    def _wait_for_ps(self) -> list[str]:
+    def _wait_for_ps(self) -> tuple[list[str], int | None]:
+        """The PS addresses once every PS task is alive, and the cluster version if the source publishes one."""
         deadline = time.monotonic() + self._wait_secs
         last: list[str | None] = []
         problem = ""
         while True:
             try:
-                last = self._source.ps_addresses()
+                view = read_view(self._source)
+                last = view.addresses
                 problem = ""
                 if all(last):
-                    return [a for a in last if a]
+                    return [a for a in last if a], view.version
             except EcRecError as exc:
                 problem = f" (the cluster source failed: {exc})"
             if time.monotonic() >= deadline:

@@ -31,11 +31,16 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from tf_ecrec.cluster_source import ClusterSource
+from tf_ecrec.cluster_source import ClusterSource, read_view
+from tf_ecrec.embedding import current_context
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
+from tf_ecrec.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
+
+Retarget = Callable[[Sequence[str], "int | None", "StepGeneration | None"], None]
+"""``retarget(addresses, version, steps)``: see `ClusterSourceMigrationHook`."""
 
 
 class MigrationHook(tf.compat.v1.train.SessionRunHook):
@@ -151,9 +156,12 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
       expected_ps: The PS addresses the session was built for.
       poll_secs: Seconds between polls.
       warn_every_secs: Minimum seconds between "not polled" warnings.
-      retarget: ``retarget(addresses)`` points the sessions TensorFlow
-        creates from now on at the PS `addresses` (the failover loop writes
-        them into the live session ConfigProto).  With it a move is followed
+      retarget: ``retarget(addresses, version, steps)`` points the sessions
+        TensorFlow creates from now on at the PS `addresses` (the failover
+        loop writes them into the live session ConfigProto); `version` is the
+        cluster version the source publishes (None if it publishes none) and
+        `steps` the graph's `StepGeneration` (None outside `ec_model_fn`),
+        whose target follows the new cluster.  With it a move is followed
         in place: the poller retargets and keeps watching, and only a session
         created before the move is stopped (one created after it already
         reaches the new addresses).  The source must publish a new address
@@ -166,7 +174,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
 
     def __init__(self, source: ClusterSource, expected_ps: Sequence[str], *, poll_secs: float = 1.0,
                  warn_every_secs: float = 30.0,
-                 retarget: Callable[[Sequence[str]], None] | None = None) -> None:
+                 retarget: Retarget | None = None) -> None:
         if source is None or expected_ps is None:
             raise ConfigError("ClusterSourceMigrationHook needs source= and expected_ps= (the PS addresses the "
                               "session uses)")
@@ -174,28 +182,36 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         self._source = source
         self._expected_ps = list(expected_ps)
         self._retarget = retarget
+        self._steps: StepGeneration | None = None
         self.retargets = 0
+
+    def begin(self) -> None:
+        context = current_context()  # the graph being trained; its steps follow a retarget
+        self._steps = context.steps if context is not None else None
+        super().begin()
 
     def _run_poller(self) -> None:
         while not self._stop.is_set():
             try:
-                now = self._source.ps_addresses()
+                view = read_view(self._source)
             except EcRecError as exc:
                 self._unreachable.warning("PS addresses not polled: %s", exc)
             else:
+                now = view.addresses
                 if all(now) and list(now) != self._expected_ps:
-                    _LOG.info("PS tasks moved from %s to %s", self._expected_ps, now)
+                    _LOG.info("PS tasks moved from %s to %s (cluster version %s)", self._expected_ps, now,
+                              "not published" if view.version is None else view.version)
                     # all(now) holds, so no address is None
-                    if self._retarget is None or not self._retarget_to(cast("list[str]", list(now))):
+                    if self._retarget is None or not self._retarget_to(cast("list[str]", list(now)), view.version):
                         self._changed_to()
                         return
             self._stop.wait(self._poll_secs)
 
-    def _retarget_to(self, addresses: list[str]) -> bool:
+    def _retarget_to(self, addresses: list[str], version: int | None) -> bool:
         """Points new sessions at `addresses`; False if that failed (then the session is stopped)."""
         try:
             assert self._retarget is not None
-            self._retarget(addresses)
+            self._retarget(addresses, version, self._steps)
         except Exception:  # fall back to stopping the session, which rebuilds everything
             _LOG.exception("retargeting the sessions at %s failed; stopping the session instead", addresses)
             return False

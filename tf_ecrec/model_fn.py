@@ -33,6 +33,7 @@ from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_ind
 from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
+from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
 from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
@@ -78,7 +79,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        set_context(ECContext(ec, num_ps, _generation()))
+        context = ECContext(ec, num_ps, _generation())
+        set_context(context)
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.
         local = not config.num_ps_replicas and mode != tf.estimator.ModeKeys.TRAIN
@@ -91,7 +93,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
-            hooks = list(spec.training_hooks)
+            hooks = list(spec.training_hooks) + [SessionGenerationHook(context.steps, optimizer.logs)]
             if flash is not None:
                 chief_hooks, hooks = _with_flash(flash, plan, optimizer, config, num_ps, chief_hooks, hooks, flash_listeners)
             spec = spec._replace(

@@ -56,6 +56,7 @@ from tf_ecrec.step_program import (
     Gated,
     ParityFolds,
     ReplicaFolds,
+    StepGeneration,
     StepProgram,
     Target,
     TargetKind,
@@ -200,7 +201,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         step = global_step
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
         step_context = current_context()
-        generation = step_context.generation if step_context is not None else 0
+        # The graph's StepGeneration (read at each step: it follows the session); a bound (TF2) step's is fixed.
+        generation: int | StepGeneration = step_context.steps if step_context is not None else 0
         if self._bound is not None:
             generation = self._bound.generation
         armed = failpoints.FailpointPlan.from_environ()  # the one read of the environment per step program

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import secrets
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -23,27 +24,87 @@ GENERATION_SHIFT = 48
 MAX_GENERATION = (1 << 14) - 1
 
 
-def new_step_id(generation: int = 0, in_graph: bool = False) -> tf.Tensor:
-    """A fresh random step id per session.run, ``generation`` in its top bits.
+class StepGeneration:
+    """The generation a trainer's steps carry, kept per graph: its session's, not the graph's build.
 
-    By default the id comes from Python (the process running the step is the
-    one that built it).  ``in_graph`` draws it with a random op seeded from the
-    operating system (seeds 0, 0: never the graph or global seed, so two
-    workers running the same function draw different ids), for a step traced
-    on one process and run on another (a TF2 function scheduled on a worker).
+    A trainer builds its graph once and may follow a moved PS in place (`tf_ecrec.failover`):
+    its sessions created after the move reach the new cluster, and their steps must carry the
+    new cluster's version, which the PS admit after the chief's recovery raised them to it.
+    Two values, both only raised:
+
+    - ``target``: the version of the cluster the trainer follows now (TF_CONFIG's at build; the
+      failover loop raises it, `follow`, when it points new sessions at moved PS); the chief's
+      recovery raises the PS logs to it;
+    - ``value``: what step ids carry.  Set when a session is created (`start_session`), to the
+      target or, if higher, the generation the PS logs admit then: a session's steps never carry
+      a generation the cluster already refuses, however the trainer learned of the moves; a
+      session created before a raise keeps its older value, so its steps stay fenced.
+
+    Thread-safe: the failover loop's poller raises the target while steps read the value.
     """
+
+    def __init__(self, version: int = 0) -> None:
+        _check_generation(version)
+        self._lock = threading.Lock()
+        self._target = self._value = int(version)
+
+    @property
+    def target(self) -> int:
+        with self._lock:
+            return self._target
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._value
+
+    def follow(self, version: int) -> None:
+        """The trainer follows a cluster of `version` from now on (lower versions are ignored)."""
+        _check_generation(min(int(version), MAX_GENERATION))
+        with self._lock:
+            self._target = max(self._target, min(int(version), MAX_GENERATION))
+
+    def start_session(self, admitted: int = 0) -> int:
+        """A session was created: its steps carry the target, or `admitted` (the highest minimum
+        generation the PS logs admit now) if that is higher; returns the new value."""
+        with self._lock:
+            self._value = max(self._value, self._target, min(int(admitted), MAX_GENERATION))
+            return self._value
+
+
+def _check_generation(generation: int) -> None:
     if not 0 <= generation <= MAX_GENERATION:
         raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {generation}")
-    high = np.int64(generation) << np.int64(GENERATION_SHIFT)
+
+
+def new_step_id(generation: int | StepGeneration = 0, in_graph: bool = False) -> tf.Tensor:
+    """A fresh random step id per session.run, the generation in its top bits.
+
+    By default the id comes from Python (the process running the step is the
+    one that built it), and `generation` may be a `StepGeneration`, read at
+    each step.  ``in_graph`` draws it with a random op seeded from the
+    operating system (seeds 0, 0: never the graph or global seed, so two
+    workers running the same function draw different ids), for a step traced
+    on one process and run on another (a TF2 function scheduled on a worker);
+    its `generation` is a fixed int.
+    """
     if in_graph:
+        if isinstance(generation, StepGeneration):
+            raise ValueError("a step id drawn in the graph carries a fixed generation (an int), not a StepGeneration")
+        _check_generation(generation)
+        high = np.int64(generation) << np.int64(GENERATION_SHIFT)
         bits = tf.raw_ops.RandomUniformInt(
             shape=tf.constant([], tf.int32), minval=tf.constant(0, tf.int64),
             maxval=tf.constant(1 << GENERATION_SHIFT, tf.int64), seed=0, seed2=0, name="ec_step_id",
         )
         return tf.bitwise.bitwise_or(bits, tf.constant(high, tf.int64))
-    sid = tf.numpy_function(
-        lambda: np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT))), [], tf.int64, stateful=True, name="ec_step_id"
-    )
+    cell = generation if isinstance(generation, StepGeneration) else StepGeneration(generation)
+
+    def draw() -> np.int64:
+        high = np.int64(cell.value) << np.int64(GENERATION_SHIFT)
+        return np.int64(high | np.int64(secrets.randbits(GENERATION_SHIFT)))
+
+    sid = tf.numpy_function(draw, [], tf.int64, stateful=True, name="ec_step_id")
     sid.set_shape([])
     return sid
 

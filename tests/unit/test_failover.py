@@ -168,13 +168,57 @@ def test_a_move_seen_while_training_retargets_the_live_session_config_and_traini
     assert transitions == [State.BUILD, State.TRAIN, State.RETARGET, State.DONE]
 
 
+@pytest.mark.parametrize("published", [7, None])
+def test_a_retarget_raises_the_graphs_step_generation_to_the_moved_clusters_version(monkeypatch, tmp_path, published):
+    """Issue 33: a trainer that follows a move in place keeps its graph; the generation its next sessions' steps
+    carry is the cluster's version (the file's when it publishes one, else one more per move), raised before the
+    session config names the new cluster.  Before the fix it stayed the graph's build version (0)."""
+    from tf_ecrec.ec_config import ECConfig
+    from tf_ecrec.embedding import ECContext, set_context
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    moved = [PS[0], "127.0.0.1:4001", PS[2]]
+    if published is None:
+        source = Source(PS, PS, moved)
+    else:
+        path = str(tmp_path / "cluster.json")
+        write_cluster_file(path, {"ps": moved, "chief": ["127.0.0.1:2000"]}, version=published)
+        source = FileClusterSource(path, 3)
+    seen = []
+    with tf.Graph().as_default():  # the graph Estimator.train builds: ec_model_fn sets its context
+        context = ECContext(ECConfig(2, 1), 3, 0)
+        set_context(context)
+        loop = FailoverLoop(_cluster(), lambda c, config: RecreatingEstimator(config, moved, seen), source, poll_secs=0.01)
+        loop.train(lambda: None)
+    expected = 1 if published is None else published
+    assert [s for _, s, _ in loop.history] == [State.BUILD, State.TRAIN, State.RETARGET, State.DONE]
+    assert loop.cluster.version == expected and context.generation == expected
+    assert context.steps.value == 0  # raised for the steps of the next session only (SessionGenerationHook)
+    assert f"cluster version {expected}" in loop.history[2][2]
+
+
+def test_the_file_source_reads_the_version_the_launcher_writes_beside_the_jobs(tmp_path):
+    from tf_ecrec.cluster_source import read_view
+
+    path = str(tmp_path / "cluster.json")
+    write_cluster_file(path, {"ps": PS}, version=3)
+    assert read_view(FileClusterSource(path, 3)).version == 3 and FileClusterSource(path, 3).ps_addresses() == PS
+    write_cluster_file(path, {"ps": PS})
+    assert read_view(FileClusterSource(path, 3)).version is None  # an operator's file without one
+    assert read_view(Source(PS)).version is None  # a source that publishes none
+    with open(path, "w") as fh:
+        json.dump({"ps": PS, "version": -1}, fh)
+    with pytest.raises(ConfigError, match=r"version=-1; rule: an integer >= 0"):
+        FileClusterSource(path, 3).ps_addresses()
+
+
 def test_a_session_created_before_a_retarget_is_stopped_and_rebuilt():
     """A session still on the old cluster (its PS alive) must not go on after the move: the hook stops it."""
     stops = []
     ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
     targets = []
     hook = ClusterSourceMigrationHook(Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), PS, poll_secs=0.01,
-                                      retarget=targets.append)
+                                      retarget=lambda addresses, version, steps: targets.append(addresses))
     hook.begin()
     hook.after_create_session(None, None)
     deadline = time.time() + 5
@@ -190,7 +234,7 @@ def test_a_retarget_that_fails_stops_the_session_instead():
     stops = []
     ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
 
-    def broken(addresses):
+    def broken(addresses, version, steps):
         raise RuntimeError("no live config")
 
     hook = ClusterSourceMigrationHook(Source(PS, ["127.0.0.1:5000", PS[1], PS[2]]), PS, poll_secs=0.01,

@@ -194,6 +194,10 @@ class ProcessTable:
             other.cluster = other.cluster.replace_address(task.cluster.task_type, task.cluster.task_index, address)
         return old
 
+    def version(self) -> int:
+        """The cluster version: every task's TF_CONFIG ``version``, raised by each `move`."""
+        return next(iter(self.tasks.values())).cluster.version
+
     def cluster(self, down: str | None = None) -> dict[str, list[str]]:
         """The cluster as it stands, `down` ("type:index") listed without address."""
         any_task = next(iter(self.tasks.values()))

@@ -65,8 +65,8 @@ class RunState:
         self.start(self.table.add_spare(address), kind=EventKind.SPARE)
 
     def write_cluster_file(self, down: str | None = None) -> None:
-        """The cluster every trainer follows (`FileClusterSource`); `down` listed without address."""
-        write_cluster_file(self.cluster_file, self.table.cluster(down))
+        """The cluster every trainer follows (`FileClusterSource`) and its version; `down` listed without address."""
+        write_cluster_file(self.cluster_file, self.table.cluster(down), version=self.table.version())
 
     def watch_report(self, name: str, reason: str) -> None:
         """Tells the job master (if any) that task `name` failed."""

@@ -129,7 +129,7 @@ class Supervisor:
         cluster = job_cluster(job, ports)
         with open(model_dir.job_file(job.model_dir), "w", encoding="utf-8") as fh:
             json.dump(job.to_json(), fh, indent=1)
-        write_cluster_file(self._run.cluster_file, cluster)
+        write_cluster_file(self._run.cluster_file, cluster, version=0)  # every task starts at TF_CONFIG version 0
         table = self._run.table
         table.forkserver = self._reader.forkserver = ForkServer(table.base_environment(),
                                                                 model_dir.log_file(job.model_dir, "forkserver"))
