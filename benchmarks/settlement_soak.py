@@ -1,9 +1,11 @@
 """Soak the settlement protocol: many seeded failure sequences through the fault-schedule harness.
 
     python benchmarks/settlement_soak.py --sequences 200 [--first-seed 1000] [--out soak.json]
+                                         [--background] [--ticks 800]
 
 Alternates 2+1 on 3 PS and 2+2 on 4 PS (three asynchronous workers, Adagrad),
-on one in-process cluster; prints running totals (sequences tried, failures
+on one in-process cluster; with ``--background`` lost rows are rebuilt while
+the workers go on, and the chief also dies inside rebuild calls; prints running totals (sequences tried, failures
 injected by kind, steps, parity checks, violations) and writes them as JSON.
 Exits non-zero if any violation was found, printing the first ones.
 """
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=200)
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--out", default="")
+    parser.add_argument("--background", action="store_true", help="rebuild in the background (docs/rebuild.md)")
+    parser.add_argument("--ticks", type=int, default=800, help="events per sequence")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     cluster = InProcessCluster(num_ps=4)
@@ -36,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     for i in range(args.sequences):
         k, r, num_ps = (2, 1, 3) if i % 2 == 0 else (2, 2, 4)
-        total.add(Sequence(cluster.target("chief"), args.first_seed + i, k=k, r=r, num_ps=num_ps).run())
+        total.add(Sequence(cluster.target("chief"), args.first_seed + i, k=k, r=r, num_ps=num_ps,
+                           background=args.background, ticks=args.ticks).run())
         summary = {f.name: getattr(total, f.name) for f in dataclasses.fields(total) if f.name != "violations"}
         summary["violations"] = len(total.violations)
         summary["seconds"] = round(time.time() - started, 1)

@@ -21,7 +21,12 @@ between any two ops:
   the walk's slices one at a time between any two ops, and a worker's step
   whose lookups wait for pending rows runs on a thread while the harness
   installs what those lookups ask for (the chief's "wanted" loop); kills,
-  chief crashes and restarts land in the middle of it as anywhere else.
+  chief crashes and restarts land in the middle of it as anywhere else;
+* the chief dies *inside* a rebuild call (`cut_rebuild_call`, and crashes
+  during recovery that land on the T0 call): some of the call's ops ran,
+  the others did not (a slice installed on one lost PS and not on the
+  other, some survivors' preservation ended and not the others'); the
+  chief's next session settles and resumes.
 
 The oracle: every apply's delta is recorded as it returns, so for each row
 of each protected variable (value and slots, as words) the harness knows the
@@ -31,7 +36,8 @@ of the PS being rebuilt are not read: a pending row reads as zeros) it
 checks that each row holds one of them (invariant ii: whole updates only), that no step whose commit returned OK lost its update
 (iii), that old-generation trainers changed nothing (vi), and, whenever no
 step is in flight, that every stripe's parity and every replica equals the
-code of the data bit for bit (i).
+code of the data bit for bit (i), and, at every full settlement (no rebuild
+under way then), that no PS has a pending row or keeps a saved T0 row.
 """
 
 from __future__ import annotations
@@ -67,11 +73,24 @@ class InjectedCrash(Exception):
     """The chief 'died' in the middle of a recovery."""
 
 
-class _CrashingSession:
-    """Passes `after` session calls through, then runs `on_crash` and raises InjectedCrash."""
+def rebuild_call(fetches: Any) -> bool:
+    """Whether a session call runs several ops of the rebuild (`tf_ecrec.rebuild`), and nothing else."""
+    return (isinstance(fetches, (list, tuple)) and len(fetches) > 1
+            and all(getattr(f, "name", "").startswith("ec_rebuild/") for f in fetches))
 
-    def __init__(self, sess: tf.compat.v1.Session, after: int, on_crash: Callable[[], None] | None = None) -> None:
-        self._sess, self._left, self._on_crash = sess, after, on_crash
+
+class _CrashingSession:
+    """Passes `after` session calls through, then runs `on_crash` and raises InjectedCrash.
+
+    With `cut`, a crashing call that is a rebuild call of several ops (`rebuild_call`: a T0, a slice
+    of the walk, a round of the wanted rows, a rebuild's finish) is cut inside: the ops `cut(ops)`
+    picks run (they are independent: TensorFlow runs them in any order), the others do not, and then
+    the chief dies.  Outside rebuild calls the crash falls between two calls.
+    """
+
+    def __init__(self, sess: tf.compat.v1.Session, after: int, on_crash: Callable[[], None] | None = None,
+                 cut: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        self._sess, self._left, self._on_crash, self._cut = sess, after, on_crash, cut
 
     def disarm(self) -> None:
         """The chief did not die after all: later calls (a background rebuild's end) pass through."""
@@ -79,6 +98,10 @@ class _CrashingSession:
 
     def run(self, fetches: Any, feed_dict: Any = None, **kwargs: Any) -> Any:
         if self._left <= 0:
+            if self._cut is not None and rebuild_call(fetches):
+                ran = self._cut(list(fetches))
+                if ran:
+                    self._sess.run(ran, feed_dict, **kwargs)
             if self._on_crash is not None:
                 self._on_crash()
             raise InjectedCrash()
@@ -239,6 +262,7 @@ class Stats:
     generation_bumps: int = 0
     zombie_writes_refused: int = 0
     background_rebuilds: int = 0
+    rebuild_cuts: int = 0
     slices_installed: int = 0
     rows_asked_by_lookups: int = 0
     parity_checks: int = 0
@@ -300,12 +324,14 @@ class Sequence:
     def _tick(self) -> bool:
         events = (
             ["advance"] * 500 + ["kill_worker"] * 3 + ["stale"] * 3 + ["chief_restart"] + ["kill_ps"] * 2
-            + ["generation"] + ["quiesce"] + ["slice"] * 20
+            + ["generation"] + ["quiesce"] + ["slice"] * 20 + ["cut_rebuild"] * 2
         )
         event = events[self.rng.integers(len(events))]
         if event == "slice" and self._job() is not None:
             self._install_slice()
-        elif event in ("advance", "slice"):
+        elif event == "cut_rebuild" and self._job() is not None:
+            self.cut_rebuild_call()
+        elif event in ("advance", "slice", "cut_rebuild"):
             self._advance(self.workers[self.rng.integers(len(self.workers))])
         elif event == "kill_worker" and not self.atomic:
             self._kill_worker()
@@ -482,6 +508,34 @@ class Sequence:
     def _live_sids(self) -> set[int]:
         return {w.step.sid for w in self.workers if w.step is not None and not w.zombie}
 
+    def _some_ops(self, ops: list[Any]) -> list[Any]:
+        """The ops of a call that ran before the chief died inside it: any strict subset, at random."""
+        n = int(self.rng.integers(0, len(ops)))
+        return [ops[i] for i in sorted(self.rng.choice(len(ops), size=n, replace=False))]
+
+    def cut_rebuild_call(self, pick: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        """The chief dies inside one call of the background rebuild, then its next session takes over.
+
+        The call is the walk's next slice (or, sometimes, a round of the wanted rows), or the finish
+        once the walk is done; `pick` (default: a random strict subset) chooses which of its ops ran.
+        The next session settles and resumes the rebuild where the PS state says it is.
+        """
+        job = self._job()
+        cut = _CrashingSession(self.sess, 0, cut=pick or self._some_ops)
+        try:
+            if job.walked:
+                self.rig.plan.finish_job(cut)
+            elif pick is not None or self.rng.random() < 0.8:
+                job.install_next_slice(cut)
+            else:
+                job.install_wanted(cut, wait_ms=0)
+        except InjectedCrash:
+            pass
+        self.stats.rebuild_cuts += 1
+        self.rig.plan.prepare(self.sess, restore=None)  # the chief's next session: settles, resumes the rebuild
+        self._settled_all()
+        self._check("restart after a rebuild call was cut")
+
     def _settle_dead(self) -> None:
         snaps = self.rig.plan.reconciler._snapshots(self.sess, list(range(self.rig.num_ps)))
         pending = {e.sid for s in snaps.values() for e in s.entries}
@@ -499,6 +553,7 @@ class Sequence:
         self.stats.chief_restarts += where == "chief restart"
         self._check(where)
         self._check_parity(where)  # every step with a log entry was just settled
+        self._check_views(where)
 
     def _kill_ps(self, lost: list[int] | None = None, scripted: bool = False) -> bool:
         if lost is None:
@@ -519,11 +574,12 @@ class Sequence:
             sess: Any = self.sess
             roll = 1.0 if scripted else self.rng.random()
             if attempts < 4 and roll < 0.25:
-                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)))
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)), cut=self._some_ops)
                 self.stats.chief_crashes += 1
             elif attempts < 4 and roll < 0.35:
                 other = int(self.rng.integers(self.rig.num_ps))
-                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)), lambda: self.sess.run(self.rig.destroy[other]))
+                sess = _CrashingSession(self.sess, int(self.rng.integers(0, 24)), lambda: self.sess.run(self.rig.destroy[other]),
+                                        cut=self._some_ops)
                 self.stats.second_failures += 1
             try:
                 self.result = self.rig.plan.prepare(sess, restore=None)
@@ -609,6 +665,15 @@ class Sequence:
                 first = layout.local_rows(ch)[0]
                 out[tid_of[ch.ps]][first : first + c] = got[ch.index_in_stripe]
         return out
+
+    def _check_views(self, where: str) -> None:
+        """With no rebuild under way, no PS has a pending row or keeps a saved (T0) row: a rebuild whose
+        finish was cut does not leave preservation behind to grow with every row written."""
+        left = {p: [int(x) for x in v] for p, v in self.rig.plan.rebuilder.view_stats(self.sess, range(self.rig.num_ps)).items()
+                if any(int(x) for x in v)}
+        if left:
+            self.stats.violations.append(f"seed {self.seed}: {where}: no rebuild is under way but PS keep rows "
+                                         f"[pending, saved, groups preserving]: {left}")
 
     def _check_parity(self, where: str) -> None:
         values = self.sess.run(self.rig.variables)

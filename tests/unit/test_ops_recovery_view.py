@@ -60,10 +60,10 @@ def test_preserved_rows_read_their_words_from_before_the_first_write_after_prese
         got = sess.run(read, {rows: [3, 4, 6, 2]})
         # Rows 3 and 4 (in [2, 5)) read as at T0 however often written; row 6 is outside: current.
         np.testing.assert_array_equal(got, ec_ops.as_words(np.stack([t0[3], t0[4], now[6], t0[2]])))
-        assert sess.run(stats).tolist() == [0, 2]
+        assert sess.run(stats).tolist() == [0, 2, 1]
         sess.run(end)
         np.testing.assert_array_equal(sess.run(read, {rows: [3]}), ec_ops.as_words(now[3:4]))
-        assert sess.run(stats).tolist() == [0, 0]
+        assert sess.run(stats).tolist() == [0, 0, 0]
 
 
 def test_folds_and_undos_preserve_parity_rows_too():
@@ -88,6 +88,38 @@ def test_folds_and_undos_preserve_parity_rows_too():
         np.testing.assert_array_equal(sess.run(read), np.stack([t0[1], now[4]]))
 
 
+def test_a_rebuilt_ps_keeps_each_rows_t0_words_from_its_install():
+    # A PS being rebuilt preserves too: a data row keeps the words its install gave it; a parity row that
+    # took a fold while pending (its zeros were saved) keeps the installed code, not the folds since T0.
+    graph = tf.Graph()
+    with graph.as_default():
+        data = V1.Variable(np.zeros([4, 2], np.float32), use_resource=True, name="data")
+        parity = V1.Variable(np.zeros([4, 2], np.int32), use_resource=True, name="parity")
+        log = ec_ops.delta_log(shared_name="rebuilt_log")
+        begin = [ec_ops.rebuild_begin_pending(log, v, 4) for v in (data, parity)]
+        preserve = [ec_ops.preserve_ranges(log, v, [[0, 4]]) for v in (data, parity)]
+        fold = ec_ops.parity_update(parity, tf.constant([1], tf.int64), tf.constant([[3, 5]], tf.int32), coef=1,
+                                    log=log, sid=7, target=3, source=0, source_seq=1)
+        t0_words = ec_ops.as_words(np.array([[1.5, 2.5]], np.float32))
+        install_data = ec_ops.install_row_words(data, log, [1], tf.constant(t0_words))
+        install_parity = ec_ops.install_row_words(parity, log, [1], tf.constant([[9, 12]], tf.int32), add=True)
+        apply = ec_ops.sparse_apply_sgd_with_delta(data, tf.ones([1, 2]), [1], 1.0, log=log, sid=8, target=0)
+        read_data = ec_ops.read_preserved_row_words(data, log, tf.constant([1], tf.int64))
+        read_parity = ec_ops.read_preserved_row_words(parity, log, tf.constant([1], tf.int64))
+        stats = ec_ops.recovery_view_stats(log)
+    with V1.Session(graph=graph) as sess:
+        sess.run([data.initializer, parity.initializer])
+        sess.run(begin + preserve)
+        sess.run(fold)  # a fold reaches the pending parity row: its T0 zeros are saved
+        sess.run([install_data, install_parity])
+        sess.run(apply)  # training changes the installed data row
+        sess.run(fold)
+        assert sess.run(parity.read_value())[1].tolist() == [9, 12]  # 0 ^ f ^ code ^ f
+        np.testing.assert_array_equal(sess.run(read_data), t0_words)
+        np.testing.assert_array_equal(sess.run(read_parity), [[9, 12]])  # the code of the T0 data alone
+        assert sess.run(stats).tolist() == [6, 2, 2]
+
+
 def test_a_lookup_of_pending_rows_waits_until_they_are_installed_and_each_row_is_installed_once():
     graph, var, log = _log_graph(rows=6, dim=2)
     with graph.as_default():
@@ -104,7 +136,7 @@ def test_a_lookup_of_pending_rows_waits_until_they_are_installed_and_each_row_is
     with V1.Session(graph=graph) as sess:
         sess.run(var.initializer)
         sess.run(begin)
-        assert sess.run(stats).tolist() == [6, 0]
+        assert sess.run(stats).tolist() == [6, 0, 0]
         np.testing.assert_array_equal(sess.run(wanted), [])
         out: dict[str, object] = {}
 
@@ -134,9 +166,9 @@ def test_a_lookup_of_pending_rows_waits_until_they_are_installed_and_each_row_is
         base = sess.run(var.read_value())[3]
         assert sess.run(add, {rows: [3], words: np.array([[5, 6]], np.int32)}) == 1
         np.testing.assert_array_equal(ec_ops.as_words(sess.run(var.read_value())[3:4])[0], ec_ops.as_words(base[None])[0] ^ [5, 6])
-        assert sess.run(stats).tolist() == [2, 0]
+        assert sess.run(stats).tolist() == [2, 0, 0]
         sess.run(install, {rows: [0, 5], words: np.zeros([2, 2], np.int32)})
-        assert sess.run(stats).tolist() == [0, 0]
+        assert sess.run(stats).tolist() == [0, 0, 0]
 
 
 def test_an_update_of_a_pending_row_is_refused_and_changes_nothing():

@@ -42,7 +42,8 @@ def rebuild_begin_pending(
 
 
 def recovery_view_stats(log: tf.Tensor, name: str | None = None) -> tf.Tensor:
-    """int64 [2]: rows pending on the log's PS, rows preserved (saved T0 words) there."""
+    """int64 [3]: rows pending on the log's PS, rows preserved (saved T0 words) there, variable groups
+    with preserved ranges there (a rebuild under way, or one whose end never ran)."""
     return call_log_op("ec_rec_recovery_view_stats", log, name)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tf_ecrec.rebuild.stripes import RebuildStats
+from tf_ecrec.retry import Retry, retry_on
 
 if TYPE_CHECKING:
     from tf_ecrec.rebuild.rebuilder import Rebuilder
@@ -25,6 +26,10 @@ _LOG = logging.getLogger(__name__)
 WALKERS = 2  # slices of a background rebuild in flight together (benchmarks/rebuild_speed.py compares)
 WANTED_WAIT_MS = 200
 """How long one round of the background rebuild's wanted-rows loop waits for a lookup to ask."""
+RETRY = Retry(max_tries=8, delay=0.5, backoff=2.0, max_delay=10.0, deadline=300.0,
+              retry_if=retry_on(tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError))
+"""How a loop of the background rebuild retries one call that failed with a transient error (a PS slow to
+answer, a call cut by the session's operation timeout) before it gives up until the next session."""
 
 
 class BackgroundRebuild:
@@ -41,8 +46,13 @@ class BackgroundRebuild:
     is installed; `finish` then ends the survivors' preservation.
 
     `start` runs both loops on threads (the chief's); the fault-schedule
-    harness calls the steps itself, interleaved with trainers' ops.
+    harness calls the steps itself, interleaved with trainers' ops.  A
+    loop's call that fails with a transient error is retried (`retry`, a
+    bounded `Retry`; the same slice, never skipped); only when that gives up
+    does the rebuild stop, and the next session re-creation resumes it.
     """
+
+    retry: Retry = RETRY
 
     def __init__(self, rebuilder: Rebuilder, lost: Iterable[int]) -> None:
         self.lost = sorted(int(p) for p in lost)
@@ -108,14 +118,15 @@ class BackgroundRebuild:
             self.stats.session_calls += 1
         return rows
 
-    def install_next_slice(self, sess: tf.compat.v1.Session) -> bool:
-        """Installs the next slice of every lost chunk of one table; False once the walk is done."""
+    def install_next_slice(self, sess: tf.compat.v1.Session, retry: Retry | None = None) -> bool:
+        """Installs the next slice of every lost chunk of one table (under `retry`, if given: the same
+        slice again); False once the walk is done."""
         with self._lock:
             if self._next >= len(self._slices):
                 return False
             fetch, feeds = self._slices[self._next]
             self._next += 1
-        counts = sess.run(fetch, feeds)
+        counts = sess.run(fetch, feeds) if retry is None else retry(sess.run, fetch, feeds)
         with self._lock:
             for t, n in zip(fetch, counts):
                 self.rows_installed += int(n)
@@ -124,13 +135,13 @@ class BackgroundRebuild:
         return True
 
     def finish(self, sess: tf.compat.v1.Session) -> None:
-        """After the walk: checks that nothing is pending on the lost PS, ends the survivors' preservation."""
+        """After the walk: checks that nothing is pending on the lost PS, ends every PS's preservation."""
         pending = self._rebuilder.view_stats(sess, self.lost)
         left = {p: int(v[0]) for p, v in pending.items() if int(v[0]) != 0}
         if left:
             raise RuntimeError(f"the background rebuild walked every slice but rows are still pending: {left}")
-        survivors = [p for p in sorted(self._rebuilder._opt.logs) if p not in self.lost]
-        self._rebuilder.end_preserve(sess, survivors)
+        # Every PS keeps T0 words during the rebuild: the survivors and the PS rebuilt (docs/rebuild.md).
+        self._rebuilder.end_preserve(sess, sorted(self._rebuilder._opt.logs))
         self.seconds = time.time() - self.started
         self._finished.set()
 
@@ -148,11 +159,15 @@ class BackgroundRebuild:
         """
         walkers = WALKERS if walkers is None else int(walkers)
         pause = (1.0 - share) / share
+        transient = self.retry.retry_if
+        # A stop ends the retries' sleeps and their tries (a new session resumes the rebuild).
+        retry = self.retry.replace(sleep_func=self._stop.wait,
+                                   retry_if=lambda exc: transient(exc) and not self._stop.is_set())
 
         def wanted() -> None:
             while not self._stop.is_set() and not self.walked:
                 try:
-                    self.install_wanted(sess)
+                    retry(self.install_wanted, sess)
                 except (tf.errors.OpError, RuntimeError) as exc:
                     self._failed(exc)
                     return
@@ -163,7 +178,7 @@ class BackgroundRebuild:
             try:
                 while not self._stop.is_set():
                     began = time.perf_counter()
-                    if not self.install_next_slice(sess):
+                    if not self.install_next_slice(sess, retry):
                         break
                     if pause > 0:
                         self._stop.wait(pause * (time.perf_counter() - began))
@@ -172,7 +187,7 @@ class BackgroundRebuild:
                     last = walking[0] == 0
                 if self._stop.is_set() or not last:
                     return
-                self.finish(sess)
+                retry(self.finish, sess)
             except (tf.errors.OpError, RuntimeError) as exc:
                 self._failed(exc)
                 return

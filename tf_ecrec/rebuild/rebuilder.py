@@ -205,8 +205,9 @@ class Rebuilder:
         """T0 of a rebuild while training goes on; call with every step settled and no trainer running.
 
         Allocates the lost variables, copies their dense variables, marks
-        their table rows pending and makes every survivor preserve the rows
-        the rebuild decodes from; returns the `BackgroundRebuild` that
+        their table rows pending and makes every PS preserve the T0 words of
+        the rows the rebuild may decode from (`_t0_ranges`: the survivors'
+        from now, the lost PS's from each row's install); returns the `BackgroundRebuild` that
         installs the rows (not started).  The caller then lets trainers run.
         """
         lost_set = {int(p) for p in lost}
@@ -225,14 +226,8 @@ class Rebuilder:
         for g in self._groups:
             if g.ps in lost_set:
                 ops.append(g.begin_pending)
-                continue
-            ranges = [
-                self._local_range(g, ch)
-                for ch in g.chunks
-                if any(c.ps in lost_set for c in g.table.layout.stripes[ch.stripe].chunks)
-            ]
             ops.append(g.preserve)
-            feeds[g.ranges] = np.asarray(ranges, np.int64).reshape(-1, 2)
+            feeds[g.ranges] = np.asarray(self._t0_ranges(g, lost_set), np.int64).reshape(-1, 2)
         if ops:
             sess.run(ops, feeds, options=options)
             stats.session_calls += 1
@@ -248,16 +243,41 @@ class Rebuilder:
         """The rebuild of `lost` PS whose rows are still pending (a chief restarted mid-way): the same walk again."""
         return BackgroundRebuild(self, lost)
 
+    def _t0_ranges(self, g: _Group, lost: set[int]) -> list[tuple[int, int]]:
+        """The local rows of `g` that keep their T0 words during a rebuild of `lost`: every chunk whose stripe
+        lost a member.  On a PS being rebuilt that is each of its chunks, kept from each row's install (which
+        gives it its T0 words): a rebuild resumed for the PS that did not finish decodes from those that did."""
+        return [
+            self._local_range(g, ch)
+            for ch in g.chunks
+            if any(c.ps in lost for c in g.table.layout.stripes[ch.stripe].chunks)
+        ]
+
     @staticmethod
     def _local_range(g: _Group, ch: ChunkSpec) -> tuple[int, int]:
         first = int(g.table.layout.local_rows(ch)[0])
         return first, first + g.table.rows
 
     def view_stats(self, sess: tf.compat.v1.Session, tasks: Iterable[int]) -> dict[int, np.ndarray]:
-        """PS -> [rows pending there, rows preserved there]."""
+        """PS -> [rows pending there, rows saved there, variable groups preserving T0 there]."""
         tasks = [p for p in tasks if p in self._view_stats]
         values = sess.run([self._view_stats[p] for p in tasks])
         return dict(zip(tasks, values))
+
+    def unfinished(self, sess: tf.compat.v1.Session, tasks: Iterable[int]) -> list[int]:
+        """The `tasks` with rows still pending: a background rebuild to resume (`resume_background`).
+
+        When none has any, every row was installed; if PS still keep T0 words, the rebuild's finish never
+        ran (its chief died after the last install), and its preservation is ended here: else each PS would
+        keep a copy of every distinct row written from then on.
+        """
+        stats = self.view_stats(sess, tasks)
+        pending = sorted(p for p, v in stats.items() if int(v[0]) > 0)
+        preserving = sorted(p for p, v in stats.items() if int(v[1]) > 0 or int(v[2]) > 0)
+        if not pending and preserving:
+            _LOG.warning("ending the T0 preservation a finished background rebuild left on PS %s", preserving)
+            self.end_preserve(sess, preserving)
+        return pending
 
     def end_preserve(self, sess: tf.compat.v1.Session, tasks: Iterable[int]) -> None:
         ops = [self._end_preserve[p] for p in tasks if p in self._end_preserve]

@@ -163,7 +163,7 @@ class RecoveryPlan:
         broken = {p for p, marker in self.whole_markers.items() if not initialized[marker.op.name]}
         missing = [v for v in self.variables if not initialized[v.op.name] or device_task(v.device) in broken]
         # A PS whose rows are still pending (a background rebuild cut by this session's creation).
-        degraded = self._degraded(sess, [p for p in self.whole_markers if p not in broken])
+        degraded = self.rebuilder.unfinished(sess, [p for p in self.whole_markers if p not in broken])
         laps.lap("inspect")
         lost = sorted({device_task(v.device) for v in missing})
         model_missing = [v for v in missing if v.op.name not in self._marker_names]
@@ -279,10 +279,6 @@ class RecoveryPlan:
     def job(self) -> BackgroundRebuild | None:
         """The background rebuild of the current session, if one is under way (or finished)."""
         return self._job
-
-    def _degraded(self, sess: tf.compat.v1.Session, tasks: Sequence[int]) -> list[int]:
-        stats = self.rebuilder.view_stats(sess, tasks)
-        return sorted(p for p, v in stats.items() if int(v[0]) > 0)
 
     def _start_job(self, sess: tf.compat.v1.Session, job: BackgroundRebuild, started: float,
                    first: RecoveryResult | None = None) -> None:

@@ -210,6 +210,27 @@ void RecoveryView::Installed(const std::string& key,
   Finish(&done);
 }
 
+void RecoveryView::InstallSaved(const std::string& key,
+                                const std::vector<int64_t>& rows,
+                                const std::vector<bool>& pending,
+                                const int32_t* words, int64_t width,
+                                bool add) {
+  if (!any_preserved_) return;
+  mutex_lock lock(mu_);
+  auto it = preserved_.find(key);
+  if (it == preserved_.end()) return;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!pending[i]) continue;
+    auto s = it->second.saved.find(rows[i]);
+    if (s == it->second.saved.end()) continue;
+    const int32_t* src = words + static_cast<int64_t>(i) * width;
+    const int64_t n = std::min<int64_t>(width, s->second.size());
+    for (int64_t j = 0; j < n; ++j) {
+      s->second[j] = add ? (s->second[j] ^ src[j]) : src[j];
+    }
+  }
+}
+
 // ---- the survivors ----------------------------------------------------------
 
 void RecoveryView::BeginPreserve(
@@ -282,6 +303,11 @@ Status RecoveryView::Substitute(const std::string& key, const int64_t* rows,
 int64_t RecoveryView::SavedRows() const {
   mutex_lock lock(mu_);
   return saved_rows_;
+}
+
+int64_t RecoveryView::PreservedGroups() const {
+  mutex_lock lock(mu_);
+  return static_cast<int64_t>(preserved_.size());
 }
 
 Status VariableKey(OpKernelContext* ctx, int input, std::string* key) {

@@ -11,6 +11,9 @@
 //   every logged writer under the variables' locks), and decoding reads the
 //   saved words where there are some (`Substitute`). Memory: one saved row
 //   per distinct row written during the rebuild.
+// * The rebuilt PS keep T0 too, row by row from each row's install (which
+//   gives the row its T0 words): a rebuild resumed for the lost PS that did
+//   not finish decodes from those that did, and must read their T0 words.
 // * On the rebuilt PS, rows of its lost variables are *pending* until the
 //   rebuild installs them. A lookup of pending rows waits (`Await`, for an
 //   asynchronous kernel: no thread is held) and asks for them (`Wanted`), so
@@ -90,6 +93,14 @@ class RecoveryView {
              std::vector<bool>* pending) const;
   void Installed(const std::string& key, const std::vector<int64_t>& rows,
                  const std::vector<bool>& pending);
+  // A row installed on a PS being rebuilt gets its T0 words: where the row
+  // has a saved copy (a fold reached a pending parity row: its zeros were
+  // saved), the installed words go into the copy too (XORed in with `add`,
+  // written without), so that the copy holds the row's T0 words. Call under
+  // the variables' locks with Claim's mask, before Installed.
+  void InstallSaved(const std::string& key, const std::vector<int64_t>& rows,
+                    const std::vector<bool>& pending, const int32_t* words,
+                    int64_t width, bool add);
 
   // ---- the survivors -----------------------------------------------------
 
@@ -111,6 +122,9 @@ class RecoveryView {
                     int64_t width, int32_t* words) const;
   // Rows saved, in all.
   int64_t SavedRows() const;
+  // Variable groups with preserved ranges (a rebuild under way, or one whose
+  // end was never called).
+  int64_t PreservedGroups() const;
 
  private:
   struct Pending {

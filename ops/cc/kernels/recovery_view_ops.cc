@@ -55,7 +55,8 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>RebuildBeginPending").Device(DEVICE_CPU),
 
 Status ViewStats(OpKernelContext* ctx, DeltaLog* log) {
   return VectorOutput(ctx, 0,
-                      {log->view().PendingRows(), log->view().SavedRows()});
+                      {log->view().PendingRows(), log->view().SavedRows(),
+                       log->view().PreservedGroups()});
 }
 REGISTER_KERNEL_BUILDER(Name("EcRec>RecoveryViewStats").Device(DEVICE_CPU),
                         DeltaLogOp<ViewStats>);
@@ -155,6 +156,7 @@ class InstallRowWordsOp : public VarsOpKernel {
       PutRowWords(locked.tables, rows[i],
                   src + static_cast<int64_t>(i) * locked.width, add_);
     }
+    log->view().InstallSaved(key, rows, pending, src, locked.width, add_);
     log->view().Installed(key, rows, pending);  // still under the locks
     out->scalar<int64_t>()() = installed;
   }

@@ -30,11 +30,12 @@ REGISTER_OP("EcRec>RecoveryViewStats")
     .Output("stats: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(2));
+      c->set_output(0, c->Vector(3));
       return OkStatus();
     })
     .Doc(R"doc(
-[rows pending on this PS, rows preserved (saved T0 words) on this PS].
+[rows pending on this PS, rows preserved (saved T0 words) on this PS, variable
+groups with preserved ranges on this PS].
 )doc");
 
 REGISTER_OP("EcRec>AwaitRebuiltRows")
@@ -98,7 +99,9 @@ EcRec>ReadRowWords) for each row still pending, then marks it installed and
 wakes the lookups waiting for it; rows already installed are left alone, so
 an install runs at most once per row whoever races it. With `add`, the words
 are XORed into the row instead (a parity row: the code of the T0 data added
-to the folds it took since). Under the variables' exclusive locks.
+to the folds it took since). A row with a saved T0 copy (EcRec>PreserveRanges
+covers the rows of a PS being rebuilt too) gets the words into the copy as
+well, which then holds the row's T0 words. Under the variables' exclusive locks.
 installed: how many rows were written.
 )doc");
 
