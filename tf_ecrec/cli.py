@@ -288,19 +288,28 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result["mismatches"] == 0 and result["replica_mismatches"] == 0 else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["master"]:
-        from tf_ecrec.master.server import main as master_main
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``tf-ecrec``'s subcommands and their flags.
 
-        return master_main(argv[1:])
+    ``master`` is a stub here: ``main`` hands its arguments to `tf_ecrec.master.server.main`, whose
+    own parser (`tf_ecrec.master.server.build_parser`) reads them.
+    """
     parser = argparse.ArgumentParser(prog="tf-ecrec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     _gen_parser(sub)
     _verify_parser(sub)
     sub.add_parser("master", help="run the job master standalone (see tf-ecrec master --help)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["master"]:
+        from tf_ecrec.master.server import main as master_main
+
+        return master_main(argv[1:])
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"run": _run, "gen-criteo": _gen, "verify": _verify}[args.command](args)

@@ -249,7 +249,8 @@ def _attach_membership(handle: MasterHandle, membership: MembershipBackend,
     handle._on_stop.append(unsubscribe)
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``tf-ecrec master``'s flags (tests check the docs' command lines against it)."""
     parser = argparse.ArgumentParser(prog="tf-ecrec master", description=(
         "Run the tf_ecrec job master: membership, dynamic data sharding, barriers."))
     parser.add_argument("--port", type=int, required=True, help="port to serve on; 0: any")
@@ -263,7 +264,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds calls in progress get on shutdown")
     parser.add_argument("--log-level", default="INFO")
-    return parser.parse_args(argv)
+    return parser
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def read_token(path: str, flag: str = "--token-file") -> str:
