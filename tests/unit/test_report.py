@@ -269,3 +269,31 @@ def test_a_step_the_failure_cut_and_settlement_undid_is_not_a_rollback():
     events[2] = Event(29.0, "recovered", "chief:0", 302, {"method": "checkpoint", "steps_undone": 1})
     (entry,) = recovery_entries(events)
     assert (entry["steps_undone"], entry["steps_rolled_back"]) == (0, 1)
+
+
+def test_each_failure_says_per_trainer_when_it_trained_again_how_many_sessions_and_at_what_rate():
+    """Issue 33: the global step moves while one trainer steps; each trainer's own datagrams tell."""
+    from tf_ecrec.launcher.trainer_report import trainer_entries
+
+    t0 = 1000.0
+    events = [
+        Event(20.0, "kill", "ps:1", 1200), Event(20.1, "move", "ps:1", 1200),
+        Event(21.0, "session", "chief:0", 1200), Event(21.5, "session", "worker:0", 1200),
+        Event(22.0, "resumed", "ps:1", 1201), Event(24.0, "recovered", "chief:0", 1300),
+        *[Event(22.0 + i, "session", "worker:0", 1300) for i in range(1, 6)],  # refused: one session a second
+        Event(60.0, "kill", "ps:2", 2000), Event(61.0, "session", "chief:0", 2000), Event(62.0, "resumed", "ps:2", 2001),
+    ]
+    # 100 records a second each before the kill; after it the chief at 200/s from 22 s, the worker never again.
+    chief = [(t0 + t, 100) for t in range(1, 21)] + [(t0 + t, 200) for t in range(22, 61)] + [(t0 + 63, 200)]
+    worker = [(t0 + t, 100) for t in range(1, 21)]
+    first, second = trainer_entries(events, {"chief:0": chief, "worker:0": worker, "ps:0": [(t0 + 5, 1)]}, t0)
+    assert set(first) == {"chief:0", "worker:0"}  # trainers only
+    assert first["chief:0"] == {"seconds_to_first_step": 2.0, "records_after": 39 * 200, "sessions": 1,
+                                "samples_per_sec_before": 100.0, "samples_per_sec_after": 200.0}
+    # (19 datagrams of 100 in the 19 s from its first one to the kill)
+    assert first["worker:0"] == {"seconds_to_first_step": None, "records_after": 0, "sessions": 6,
+                                 "samples_per_sec_before": 100.0, "samples_per_sec_after": None}
+    # The second failure's rates before start after the first one's recovery (24 s): 40..60 s.
+    assert second["chief:0"] == {"seconds_to_first_step": 3.0, "records_after": 200, "sessions": 1,
+                                 "samples_per_sec_before": 200.0, "samples_per_sec_after": None}
+    assert second["worker:0"]["records_after"] == 0 and second["worker:0"]["samples_per_sec_before"] == 0.0

@@ -46,7 +46,8 @@ Field names are stable (other tools read them):
     alongside the background rebuild),
     ``rebuild_gb_per_sec`` (``bytes_rebuilt`` over ``rebuild_seconds``),
     and per task ``memory_mb_before`` (peak resident MB in the 30 s before
-    the kill) and ``memory_mb_in_window`` (peak in the window, +2 s).
+    the kill) and ``memory_mb_in_window`` (peak in the window, +2 s);
+    ``trainers``: per trainer, what the failure cost it (`tf_ecrec.launcher.trainer_report`).
 ``settlement``
     over the run, the steps a failure cut that settlement undid
     (``steps_undone``: their updates removed, their records retrained) or

@@ -5,7 +5,8 @@ steps and records of the status datagrams (`step`), the trainers' final
 totals (``done_reports``), the records in flight at each failure
 (`failure`) and the tasks' resident memory (`sample_memory`).  At the end,
 `report` turns it into the report (`tf_ecrec.launcher.report.build_report`
-has the fields) and `write` saves it with its throughput plot.
+has the fields; each failure's cost per trainer is
+`tf_ecrec.launcher.trainer_report`'s) and `write` saves it with its throughput plot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tf_ecrec.launcher.events import Event, EventKind
 from tf_ecrec.launcher.process_table import TaskProcess
 from tf_ecrec.launcher.report import build_report, plot_throughput
 from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.trainer_report import trainer_entries
 
 MEMORY_SAMPLE_SECS = 1.0
 RATE_WINDOW_SECS = 5.0
@@ -44,6 +46,7 @@ class RunRecord:
         self.t0 = t0
         self.events: list[Event] = []
         self.timeline: list[tuple[float, int, int]] = []  # (t, global step, records in datagram)
+        self.trainer_steps: dict[str, list[tuple[float, int]]] = {}  # task -> [(t, records in its datagram)]
         self.done_reports: dict[str, dict[str, Any]] = {}
         self.failures: list[dict[str, Any]] = []  # per kill/loss: records in flight when it hit
         self.memory: dict[str, list[tuple[float, float]]] = {}  # task -> [(t since launch, RSS MB)]
@@ -54,9 +57,11 @@ class RunRecord:
         self.events.append(Event(t=(t or time.time()) - self.t0, kind=kind, task=task, global_step=global_step,
                                  extra=extra))
 
-    def step(self, t: float, global_step: int, records: int) -> None:
-        """A ``step`` datagram: `records` trained since the sender's previous one."""
+    def step(self, t: float, global_step: int, records: int, task: str | None = None) -> None:
+        """A ``step`` datagram of `task`: `records` trained since the sender's previous one."""
         self.timeline.append((t, global_step, records))
+        if task is not None:
+            self.trainer_steps.setdefault(task, []).append((t, records))
 
     def rate(self, now: float) -> float:
         """Records per second over the last `RATE_WINDOW_SECS` (the progress line's)."""
@@ -79,8 +84,8 @@ class RunRecord:
                     self.memory.setdefault(task.name, []).append((round(now - self.t0, 2), mb))
 
     def report(self, job: JobSpec, digest: dict[str, Any], data_state: Any) -> dict[str, Any]:
-        """The run's report (fields: `tf_ecrec.launcher.report`)."""
-        return build_report(
+        """The run's report (fields: `tf_ecrec.launcher.report`; per trainer: `tf_ecrec.launcher.trainer_report`)."""
+        report = build_report(
             job=job,
             t0=self.t0,
             events=self.events,
@@ -91,6 +96,9 @@ class RunRecord:
             failures=self.failures,
             memory=self.memory,
         )
+        for entry, trainers in zip(report["recovery"], trainer_entries(self.events, self.trainer_steps, self.t0)):
+            entry["trainers"] = trainers
+        return report
 
 
 def write_report(report: dict[str, Any], path: str) -> None:

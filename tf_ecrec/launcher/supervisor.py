@@ -285,7 +285,7 @@ class Supervisor:
             if running:
                 self._run.tasks[task].training = True
             step = int(msg.get("step", 0))
-            self._run.record.step(t, step, int(msg.get("records", 0)))
+            self._run.record.step(t, step, int(msg.get("records", 0)), task=task)
             if step > self._run.global_step or self._run.faults.interrupted(t):
                 self._run.global_step = step
             for kind_, fault in self._run.faults.progress(t, step):
