@@ -49,6 +49,10 @@ class OpLibraryError(EcRecError, ImportError):
     """The compiled op library is missing or was built for another TensorFlow."""
 
 
+class PSKernelsMissing(OpLibraryError):
+    """A PS task serves without the op library's kernels (its process never loaded tf_ecrec)."""
+
+
 # --- erasure coding and recovery -----------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 Session creation runs `RecoveryPlan.prepare` through the Scaffold
 (`scaffold_for`): its ``init_fn`` when there is no checkpoint, its saver's
-``restore`` (`ECSaver`) when there is one.  Workers wait with
+``restore`` (`ECSaver`) when there is one; on the chief, a `PSKernelsCheck`
+first names a PS that serves without the op library.  Workers wait with
 `raising_ready_op`.  On the chief, `StaleStepSettlerHook` settles a dead
 task's steps while training goes on and `SettleAtEndHook` settles what is
 left at the end.
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
+from tf_ecrec.recovery.kernels import PSKernelsCheck
 from tf_ecrec.recovery.plan import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
 from tf_ecrec.steplog import STALE_SECS
@@ -35,9 +37,10 @@ class ECSaver(LongDeadlineSaver):
     the decision is `RecoveryPlan.prepare`'s.
     """
 
-    def __init__(self, plan: RecoveryPlan, **kwargs: Any) -> None:
+    def __init__(self, plan: RecoveryPlan, kernels: PSKernelsCheck | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._plan = plan
+        self._kernels = kernels
 
     def save(self, sess: Any, *args: Any, **kwargs: Any) -> Any:  # see class docstring
         # Rows still pending on a PS being rebuilt read as zeros: a checkpoint waits for the rebuild.
@@ -46,6 +49,8 @@ class ECSaver(LongDeadlineSaver):
         return super().save(sess, *args, **kwargs)
 
     def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:  # see class docstring
+        if self._kernels is not None:
+            self._kernels.run(sess)  # a PS without the kernels, named before anything else runs there
         self._plan.prepare(sess, restore=lambda: self._restore(sess, save_path))
 
 
@@ -118,14 +123,18 @@ def scaffold_for(plan: RecoveryPlan, base: tf.compat.v1.train.Scaffold | None = 
     `plan.prepare`, which leaves every variable whole or raises, so checking
     again would only cost the chief's resumption a first call across every PS.
     """
+    kernels = None
     if chief:
         ready = tf.constant([], tf.string, name="ec_ready_after_prepare")
+        kernels = PSKernelsCheck({p: marker.device for p, marker in plan.whole_markers.items()})
     else:
         ready = raising_ready_op(plan)
-    saver = ECSaver(plan, sharded=True, save_relative_paths=True, **checkpoints_kept(config))
+    saver = ECSaver(plan, kernels, sharded=True, save_relative_paths=True, **checkpoints_kept(config))
     user_init_fn = base.init_fn if base is not None else None  # a Scaffold's init_fn takes the session alone
 
     def init_fn(scaffold: tf.compat.v1.train.Scaffold, sess: tf.compat.v1.Session) -> None:
+        if kernels is not None:
+            kernels.run(sess)  # a PS without the kernels, named before anything else runs there
         plan.prepare(sess, restore=None)
         if user_init_fn is not None:
             user_init_fn(sess)

@@ -1,0 +1,69 @@
+"""A script protected with the previous release's README lines still runs (issue 30, the upgrade case).
+
+`tests/adoption/upgrade_user.py` is that script: ``import tf_ecrec.ops`` in every process,
+``ECOptimizer``, ``ECDeviceFn``, ``ec_model_fn``, ``tf.estimator.train_and_evaluate`` under its own
+TF_CONFIG launcher (`harness.process_cluster`: one process per task, as pods).  A PS of that script
+that only imports ``tf_ecrec`` serves the kernels; a PS that never imported it is named on the chief
+by a typed error before anything trains, and the worker does not wait for the dead chief forever.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import pytest
+from harness.process_cluster import ProcessCluster
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "adoption", "upgrade_user.py")
+JOBS = {"chief": 1, "worker": 1, "ps": 3}
+
+
+def _cluster(tmp_path, steps: int, bare_ps: int | None) -> ProcessCluster:
+    def env_of(task_type: str, index: int) -> dict[str, str]:
+        return {"UPGRADE_PS": "bare" if (task_type, index) == ("ps", bare_ps) else "import"}
+
+    return ProcessCluster([sys.executable, SCRIPT, str(tmp_path / "model"), str(steps)], JOBS, str(tmp_path / "logs"),
+                          env_of=env_of)
+
+
+def test_a_ps_that_only_imports_tf_ecrec_serves_the_kernels(tmp_path) -> None:
+    cluster = _cluster(tmp_path, steps=40, bare_ps=None)
+    try:
+        cluster.start_all()
+        codes = cluster.wait(["chief:0", "worker:0"], timeout=400)
+        assert codes == {"chief:0": 0, "worker:0": 0}, (codes, cluster.log("chief:0")[-3000:])
+        assert "trained to step 40" in cluster.log("chief:0")
+        for p in range(3):
+            assert "ps serving with tf_ecrec imported" in cluster.log(f"ps:{p}")
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_ps_without_the_kernels_is_named_on_the_chief_and_the_worker_does_not_hang(tmp_path) -> None:
+    cluster = _cluster(tmp_path, steps=40, bare_ps=1)
+    try:
+        started = time.monotonic()
+        cluster.start_all()
+        codes = cluster.wait(["chief:0"], timeout=300)
+        chief_secs = time.monotonic() - started
+        log = cluster.log("chief:0")
+        assert codes["chief:0"] != 0, log[-3000:]
+        assert "ps serving without tf_ecrec" in cluster.log("ps:1")
+        # Typed, naming the PS and what to do, in place of TensorFlow's "Op type not registered ... in binary
+        # running on <host>" (which names a host every local task shares).
+        match = re.search(r"tf_ecrec\.errors\.PSKernelsMissing: (.*)", log)
+        assert match, log[-4000:]
+        assert "/job:ps/task:1 " in match.group(1) and "/job:ps/task:0" not in match.group(1), match.group(1)
+        assert "/job:ps/task:2" not in match.group(1) and "import tf_ecrec" in match.group(1), match.group(1)
+        assert not re.search(r"step = \d+", log), "a step trained before the check"
+        # The worker's ready wait ends with the PS's error as soon as it asks it (it does not wait on the chief).
+        codes = cluster.wait(["worker:0"], timeout=120)
+        assert codes["worker:0"] != 0
+        assert "not registered" in cluster.log("worker:0")
+        print(f"chief failed {chief_secs:.1f} s after the start; worker {time.monotonic() - started:.1f} s")
+    finally:
+        cluster.stop()
