@@ -217,13 +217,13 @@ class Reconciler:
         return top
 
     def fence_pending(self, sess: tf.compat.v1.Session, alive: Iterable[int], also: Iterable[int] = ()) -> set[int]:
-        """Fences every step pending on the `alive` logs, and the steps `also`; returns their sids
+        """Fences every step pending on the `alive` logs, and the steps `also`; returns the pending ones
         (from here their writes fail: a restore fences before it overwrites, tf_ecrec.recovery.restore)."""
         with self._lock:
             alive = sorted(p for p in alive if p in self._read)
-            pending = {e.sid for s in self._snapshots(sess, alive).values() for e in s.entries} | set(also)
-            if pending:
-                self._on_every(sess, self._fence, alive, sorted(pending))
+            pending = {e.sid for s in self._snapshots(sess, alive).values() for e in s.entries}
+            if pending | set(also):
+                self._on_every(sess, self._fence, alive, sorted(pending | set(also)))
             return pending
 
     def discard(self, sess: tf.compat.v1.Session, alive: Iterable[int], sids: Iterable[int] | None = None) -> int:

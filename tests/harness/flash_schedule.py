@@ -7,7 +7,14 @@ full settlements, PS kills rebuilt from parity, generation bumps), a `FlashSeque
   and dead ones' were settled, as the trainers' gate and the stale-step settler leave it (`FlashSnapshots.capture`, the part of a round during
   which training is paused) and, when the capture is accepted, writes it to shared memory
   (`FlashSnapshots.write`), sometimes cut by a chief crash after any of its session calls;
-* **loses more PS than the code covers** (r + 1 at once), and recovers (`RecoveryPlan.prepare`).
+* **loses more PS than the code covers** (r + 1 at once), and recovers (`RecoveryPlan.prepare`);
+* keeps the **data's progress** as a job master does (`FakeMaster`): every step whose call returned
+  OK acknowledges `BATCH` records, each complete snapshot saves the progress beside it (the real
+  `ShardCheckpointListener`, asked before the capture), and the chief's `OwedRollbackHook` pays the
+  rollback a restore owes (`tf_ecrec.recovery.owed`) at its session creation.  The **chief dies
+  after a restore and before its rollback reaches the master** (its hook never runs; the next
+  chief's session creation restores nothing and pays what is owed), and the master is sometimes
+  **unreachable** when a chief would pay (the debt stays owed; a later session creation pays it).
 
 The oracle is a model of the steps, independent of the logs the capture reads: a step is *open*
 from its first write that took effect until it commits or a settlement settles it (a step that
@@ -15,21 +22,60 @@ failed or whose worker died stays open until then).  A capture must be accepted 
 step is open, and what it copies is then checked against the base oracle (each row a state real
 updates produced).  After the r + 1 loss, the recovery must restore from memory, from the newest
 snapshot whose write completed (or a newer complete one a cut write left), every row bit for bit
-as captured, with parity exact; without a complete snapshot it must refuse.
+as captured, with parity exact; without a complete snapshot it must refuse.  Every acknowledged
+record is in the model: whenever no rollback is owed, the master's progress is at most the model's
+global step times `BATCH` (each step trains one batch; docs/flash.md, "Every record in the model").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import threading
 from typing import Any
 
 import numpy as np
 
-from tf_ecrec.errors import RecoveryError
+from tf_ecrec.errors import MasterUnavailable, RecoveryError
 from tf_ecrec.flash.config import SLOTS, Tier
+from tf_ecrec.hooks.shard_progress import ShardCheckpointListener
+from tf_ecrec.hooks.shard_rollback import OwedRollbackHook
+from tf_ecrec.recovery.owed import owed
+from tf_ecrec.retry import Retry
 
 from . import fault_schedule
-from .fault_schedule import InjectedCrash, Oracle, _CrashingSession
+from .fault_schedule import BATCH, InjectedCrash, Oracle, _CrashingSession
+
+DATASET = "train"
+
+
+class FakeMaster:
+    """The two calls of a job master the chief's rollback makes, and the acknowledgements: the data's
+    progress as one count of records (what the oracle compares with the model)."""
+
+    def __init__(self) -> None:
+        self.progress = 0
+        self.reachable = True
+        self.rollbacks: list[int] = []  # progress restored, per rollback
+        self._lock = threading.Lock()
+
+    def ack(self, records: int) -> None:
+        with self._lock:
+            self.progress += records
+
+    def shard_checkpoint(self, dataset: str) -> bytes:
+        with self._lock:
+            if not self.reachable:
+                raise MasterUnavailable("the fake master is down")
+            return json.dumps({"progress": self.progress}).encode()
+
+    def restore_shard_checkpoint(self, dataset: str, blob: bytes) -> None:
+        with self._lock:
+            if not self.reachable:
+                raise MasterUnavailable("the fake master is down")
+            self.progress = int(json.loads(blob)["progress"])
+            self.rollbacks.append(self.progress)
 
 
 @dataclasses.dataclass
@@ -39,14 +85,26 @@ class FlashStats:
     writes_cut: int = 0
     memory_restores: int = 0
     refused_without_snapshot: int = 0
+    chief_deaths_before_rollback: int = 0
+    master_outages: int = 0
+    rollbacks_paid: int = 0
+    record_checks: int = 0
 
 
 class FlashSequence(fault_schedule.Sequence):
     """A `fault_schedule.Sequence` with flash checkpoint rounds and losses beyond r (module docstring)."""
 
-    def __init__(self, target: str, seed: int, flash_dir: str, **kwargs: Any) -> None:
+    def __init__(self, target: str, seed: int, flash_dir: str, chief_deaths: float = 0.5, outages: float = 0.2,
+                 **kwargs: Any) -> None:
         super().__init__(target, seed, flash_dir=flash_dir, **kwargs)
         self.flash = FlashStats()
+        self.model_dir = self.rig.flash.model_dir
+        os.makedirs(self.model_dir, exist_ok=True)
+        self.rig.plan._model_dir = self.model_dir  # the Rig's plan has none: where restores owe their rollback
+        self.master = FakeMaster()
+        self.chief_deaths = chief_deaths  # how often the chief dies between a restore and its rollback
+        self.outages = outages  # how often the master cannot be reached when a chief would pay
+        self.listener = ShardCheckpointListener(self.master, DATASET, self.model_dir)  # type: ignore[arg-type]
         self.snapshots: dict[int, np.ndarray | Any] = {}  # epoch -> words captured
         self.complete: dict[int, int | None] = dict.fromkeys(range(SLOTS))  # slot -> epoch whose write completed
         self.slot = 0
@@ -61,6 +119,44 @@ class FlashSequence(fault_schedule.Sequence):
             return self._lose_beyond_r()
         return super()._tick()
 
+    def _advance(self, worker: Any) -> None:
+        ok = self.stats.steps_ok
+        super()._advance(worker)
+        if self.stats.steps_ok > ok:  # its call returned OK: the trainer acknowledges its batch
+            self.master.ack(BATCH)
+
+    def _full_settle(self, where: str) -> None:
+        super()._full_settle(where)
+        if where in ("chief restart", "end"):  # a chief's session creation: it pays what is owed
+            self._chief_session(reachable=True if where == "end" else None)
+        if where == "end" and owed(self.model_dir) is not None:
+            self.stats.violations.append(f"seed {self.seed}: a data rollback is still owed at the end")
+
+    def _chief_session(self, reachable: bool | None = None) -> None:
+        """A chief's session creation as far as the data is concerned: its `OwedRollbackHook` pays what a
+        restore owes (the master reachable or not), then the oracle compares progress and model."""
+        self.master.reachable = bool(self.rng.random() >= self.outages) if reachable is None else reachable
+        self.flash.master_outages += not self.master.reachable
+        before = len(self.master.rollbacks)
+        payer = OwedRollbackHook(self.master, DATASET, self.model_dir,  # type: ignore[arg-type]
+                                 retry=Retry(max_tries=1, delay=0.0))  # no retry thread left running
+        payer.after_create_session(None, None)
+        payer.end(None)
+        self.flash.rollbacks_paid += len(self.master.rollbacks) - before
+        self.master.reachable = True
+        self._check_records("chief session")
+
+    def _check_records(self, where: str) -> None:
+        """Every acknowledged record is in the model (unless a rollback is still owed: then it is not lost)."""
+        if owed(self.model_dir) is not None or self.sess is None:
+            return
+        step = int(self.sess.run(self.rig.variables[self.rig.step_name]))
+        self.flash.record_checks += 1
+        if self.master.progress > step * BATCH:
+            self.stats.violations.append(
+                f"seed {self.seed}: {where}: {self.master.progress - step * BATCH} acknowledged records are in no "
+                f"model (the master's progress {self.master.progress}, the model's global step {step} of {BATCH})")
+
     def _open(self) -> set[int]:
         return set(self.unsettled) | {w.step.sid for w in self.workers if w.step is not None and w.step.wrote}
 
@@ -70,6 +166,7 @@ class FlashSequence(fault_schedule.Sequence):
             self._drain()
             self._settle_dead()
         open_steps = self._open()
+        self.listener.before_save(self.sess, 0)  # while the trainers are parked, before the capture
         step = snap.capture(self.sess)
         if step is None:
             self.flash.captures_dropped += 1
@@ -100,6 +197,7 @@ class FlashSequence(fault_schedule.Sequence):
             sess.disarm()
         self.complete[self.slot] = self.epoch
         self.slot = (self.slot + 1) % SLOTS
+        self.listener.after_save(self.sess, step)  # the snapshot is complete: its progress beside it
 
     def _lose_beyond_r(self) -> bool:
         lost = [int(p) for p in self.rng.choice(self.rig.num_ps, size=self.rig.r + 1, replace=False)]
@@ -134,4 +232,14 @@ class FlashSequence(fault_schedule.Sequence):
         # From here the model is the snapshot: the oracle restarts from it, earlier OK steps are rolled back.
         self.oracle = Oracle(values, atomic=self.atomic)
         self.ok.clear()
+        self._restored(result)
         return True
+
+    def _restored(self, result: Any) -> None:
+        """After a restore's session creation: the chief's hooks pay the rollback owed, unless it dies first."""
+        if self.rng.random() < self.chief_deaths:
+            # The chief dies before its hooks run: the next chief's session finds every PS whole.
+            self.flash.chief_deaths_before_rollback += 1
+            self.rig.plan.prepare(self.sess, restore=None)
+            self._settled_all()
+        self._chief_session()

@@ -8,10 +8,11 @@ its folds: parity inexact.  So `fenced_restore`, in this order:
 1. owes the data rollback to the restored step (`tf_ecrec.recovery.owed`), before any PS is written;
 2. raises the survivors' minimum generation to the graph's (trainers of an older cluster are refused);
 3. fences every step pending on the survivors: from here their writes fail;
-4. overwrites (`write`), then reads the logs again: a step not fenced yet that wrote meanwhile (its
-   entry is there, its write may have landed before or after the overwrite of its variable) is
-   fenced and the overwrite done again, until an overwrite ran with no such write (a few passes at
-   most: no new step starts, the trainers wait for the whole markers);
+4. overwrites (`write`), then reads every log again: a step not fenced yet on a survivor, or any step
+   not fenced yet on a restored PS, that wrote meanwhile (its write may have landed before or after
+   the overwrite of its variable) is fenced everywhere and the overwrite done again, until an
+   overwrite ran with no such write (a few passes at most: no new step starts, the trainers wait for
+   the whole markers);
 5. discards the fenced steps only (their entries describe a state that is gone).  A write after the
    last read is on restored values and keeps its entry: settled like any step (docs/settlement.md).
 
@@ -58,11 +59,18 @@ def fenced_restore(sess: tf.compat.v1.Session, reconciler: Reconciler, tasks: Se
     if generation > 0:
         reconciler.set_generation(sess, alive, generation)
     fenced = reconciler.fence_pending(sess, alive)
+    fenced_on_lost: set[int] = set()  # the restored PS tasks' logs are fresh: nothing fenced there yet
+    lost = [p for p in tasks if p in lost]
     for _ in range(MAX_PASSES):
         write()
-        late = reconciler.fence_pending(sess, alive, fenced) - fenced
+        # A write after the fence: a step new on a survivor, or any step on a restored PS (whose log
+        # held nothing) that was not fenced there yet.  Each read also fences what it finds.
+        on_alive = reconciler.fence_pending(sess, alive, fenced)
+        on_lost = reconciler.fence_pending(sess, lost, fenced) if lost else set()
+        late = (on_alive - fenced) | (on_lost - fenced_on_lost)
+        fenced_on_lost = fenced | on_lost
         if not late:
-            discarded = reconciler.discard(sess, alive, fenced)
+            discarded = reconciler.discard(sess, tasks, fenced)
             reconciler.propagate_generation(sess, tasks, generation)
             return discarded
         _LOG.warning("steps %s wrote while the %s was restored: fenced, restoring again", sorted(late)[:5], what)
