@@ -15,24 +15,34 @@ from harness.records import assert_every_record_in_model
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 
 
-def _run(model_dir, *args):
-    result = cli("run", "--model-dir", str(model_dir), "--fault-tolerance", "flash", *SMALL, *args)
+def _run(model_dir, *args, env=None):
+    result = cli("run", "--model-dir", str(model_dir), "--fault-tolerance", "flash", *SMALL, *args, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
         return json.load(fh), result.stderr
 
 
-def test_two_lost_ps_come_back_from_memory_with_at_most_n_steps_rolled_back_and_every_record_trained(tmp_path):
+def test_two_lost_ps_come_back_from_memory_and_a_chief_killed_before_the_rollback_leaves_every_record_in_the_model(
+        tmp_path):
+    """Issue 30, case 1 on the stock flash path: the chief is killed right after the restore, before its data
+    rollback reaches the master (failpoint chief_after_restore); the next chief restores nothing and pays it."""
     from tf_ecrec.flash.config import shm_root
     from tf_ecrec.launcher.spec import JobSpec
 
     report, err = _run(tmp_path, "--ps", "3", "--workers", "2", "--steps", "400", "--flash-checkpoint-steps", "100",
-                       "--kill", "ps:0@step=250", "--kill", "ps:1@step=250", "--restart-delay", "1")
+                       "--kill", "ps:0@step=250", "--kill", "ps:1@step=250", "--restart-delay", "1",
+                       env={"TF_ECREC_FAILPOINT": "chief_after_restore@chief:0@step=0",
+                            "TF_ECREC_FAILPOINT_DIR": str(tmp_path)})
     assert report["config"]["fault_tolerance"] == "flash"
-    assert [r["method"] for r in report["recovery"]] == ["memory", "memory"], report["recovery"]
-    assert all(0 <= r["steps_rolled_back"] <= 100 for r in report["recovery"]), report["recovery"]
+    ps = [r for r in report["recovery"] if r["task"].startswith("ps:")]
+    assert [r["method"] for r in ps] == ["memory", "memory"], report["recovery"]
+    assert all(0 <= r["steps_rolled_back"] <= 100 for r in ps), report["recovery"]
     assert "by memory" in err
-    assert_every_record_in_model(report)  # the shard progress went back with the model: every record in it
+    assert [r["task"] for r in report["recovery"] if not r["task"].startswith("ps:")] == ["chief:0"], report["recovery"]
+    assert (tmp_path / "tf_ecrec_failpoint_chief_after_restore_chief_0").exists()  # it fired, once
+    data = assert_every_record_in_model(report)  # the shard progress went back with the model: every record in it
+    assert data["records_retrained"] > 0, data  # the rolled-back steps' records, trained again
+    assert not (tmp_path / "rollback_owed.json").exists()
     with open(tmp_path / "flash_stats.json", encoding="utf-8") as fh:
         stats = json.load(fh)
     assert stats["rounds"] - stats["skipped"] >= 2 and stats["snapshots"], stats  # strict rounds did keep copies
