@@ -66,7 +66,7 @@ def default_code(num_ps: int) -> ECConfig:
 
     2+1 rather than a wider k: the memory overhead is r/k, but a wider stripe
     costs more per step (measured: 4+1 at 0.52x and 2+1 at 0.63x of
-    unprotected throughput on 5 PS, README "Benchmarks").
+    unprotected throughput on 5 PS, docs/benchmarks.md).
     """
     if num_ps < 2:
         raise ConfigError(f"erasure-coded protection needs >= 2 PS tasks, the job has {num_ps}; "
