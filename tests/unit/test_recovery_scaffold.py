@@ -13,6 +13,11 @@ class _FakePlan:
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 
+    @property
+    def whole_markers(self) -> dict[int, tf.Variable]:
+        """One PS's marker, here a local variable: the chief's kernel check probes its device first."""
+        return {0: tf.compat.v1.Variable(False, name="ec_whole_marker_ps0")}
+
     def prepare(self, sess: tf.compat.v1.Session, restore: object) -> None:
         assert restore is None
         self.calls.append("prepare")
