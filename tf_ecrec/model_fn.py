@@ -37,6 +37,7 @@ from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
 from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
+from tf_ecrec.recovery.task_wait import TASK_WAIT_SECS, TaskWaitHook, run_config_targets
 from tf_ecrec.step_program import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
@@ -45,7 +46,7 @@ ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
                 rebuild_slice_bytes: int = DEFAULT_SLICE_BYTES, rebuild_share: float = 1.0,
                 num_ps: int | None = None, flash: FlashConfig | None = None,
-                flash_listeners: Sequence[Any] = ()) -> ModelFn:
+                flash_listeners: Sequence[Any] = (), task_wait_secs: float = TASK_WAIT_SECS) -> ModelFn:
     """Wraps `model_fn` so its tables and optimizer are protected by `ec`.
 
     In training mode the wrapper also owns the EstimatorSpec's Scaffold
@@ -63,6 +64,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     `num_ps` is the training cluster's PS count for a task whose RunConfig
     has none: an evaluator (TensorFlow gives it an empty cluster) builds the
     tables with the training layout so the checkpoint's variables match.
+    `task_wait_secs` bounds a worker's wait, before its session, for each task
+    the session reaches (`tf_ecrec.recovery.task_wait`: TensorFlow's is unbounded).
 
     Raises (when the Estimator calls the model_fn):
       ConfigError: the cluster has fewer than k + r PS tasks, or a protected
@@ -94,6 +97,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
             hooks = list(spec.training_hooks) + [SessionGenerationHook(context.steps, optimizer.logs)]
+            if not config.is_chief and config.cluster_spec:  # a dead chief or PS must not hold it in CreateSession
+                hooks.append(TaskWaitHook(*run_config_targets(config), task_wait_secs))
             if flash is not None:
                 chief_hooks, hooks = _with_flash(flash, plan, optimizer, config, num_ps, chief_hooks, hooks, flash_listeners)
             spec = spec._replace(

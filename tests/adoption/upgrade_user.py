@@ -5,6 +5,7 @@ README's lines), build a model_fn with an ``EmbeddingCollection`` and ``ECOptimi
 ``ECDeviceFn`` and wrap with ``ec_model_fn``, and call ``tf.estimator.train_and_evaluate``.  A PS
 task serves: with ``UPGRADE_PS=bare`` it is a TensorFlow server that never imports tf_ecrec (a PS
 image without it); with ``UPGRADE_PS=import`` it only does ``import tf_ecrec`` before serving.
+``UPGRADE_SESSION_CONFIG`` and ``UPGRADE_TASK_WAIT_SECS`` are the tests' knobs (see where they are read).
 """
 
 import json
@@ -51,9 +52,14 @@ def model_fn(features, labels, mode, params, config):
     return tf.estimator.EstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
 
+# UPGRADE_SESSION_CONFIG=plain: a session config of the user's own, without device filters (as many public
+# scripts pass): a worker's session then reaches every task of the cluster, the chief included.
+session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True) if os.environ.get("UPGRADE_SESSION_CONFIG") else None
 run_config = tf.estimator.RunConfig(model_dir=MODEL_DIR, device_fn=tf_ecrec.ECDeviceFn(), save_checkpoints_steps=10**6,
-                                    log_step_count_steps=10)
-estimator = tf.estimator.Estimator(tf_ecrec.ec_model_fn(model_fn, tf_ecrec.ECConfig(k=2, r=1)), config=run_config)
+                                    log_step_count_steps=10, session_config=session_config)
+# UPGRADE_TASK_WAIT_SECS: the tests' shorter bound on a worker's wait for the tasks its session reaches.
+wait = {"task_wait_secs": float(os.environ["UPGRADE_TASK_WAIT_SECS"])} if "UPGRADE_TASK_WAIT_SECS" in os.environ else {}
+estimator = tf.estimator.Estimator(tf_ecrec.ec_model_fn(model_fn, tf_ecrec.ECConfig(k=2, r=1), **wait), config=run_config)
 tf.estimator.train_and_evaluate(estimator, tf.estimator.TrainSpec(input_fn, max_steps=MAX_STEPS),
                                 tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=10**6))
 print("trained to step", MAX_STEPS, flush=True)

@@ -21,12 +21,12 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 JOBS = {"chief": 1, "worker": 1, "ps": 3}
 
 
-def _cluster(tmp_path, steps: int, bare_ps: int | None) -> ProcessCluster:
+def _cluster(tmp_path, steps: int, bare_ps: int | None, env: dict[str, str] | None = None) -> ProcessCluster:
     def env_of(task_type: str, index: int) -> dict[str, str]:
         return {"UPGRADE_PS": "bare" if (task_type, index) == ("ps", bare_ps) else "import"}
 
     return ProcessCluster([sys.executable, SCRIPT, str(tmp_path / "model"), str(steps)], JOBS, str(tmp_path / "logs"),
-                          env_of=env_of)
+                          env=env, env_of=env_of)
 
 
 def test_a_ps_that_only_imports_tf_ecrec_serves_the_kernels(tmp_path) -> None:
@@ -65,5 +65,24 @@ def test_a_ps_without_the_kernels_is_named_on_the_chief_and_the_worker_does_not_
         assert codes["worker:0"] != 0
         assert "not registered" in cluster.log("worker:0")
         print(f"chief failed {chief_secs:.1f} s after the start; worker {time.monotonic() - started:.1f} s")
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_whose_session_reaches_a_dead_chief_fails_within_its_deadline(tmp_path) -> None:
+    # The user's own session config (no device filters): the worker's session reaches the chief, which is
+    # not running (it died before the worker started).  TensorFlow's CreateSession would wait for ever.
+    cluster = _cluster(tmp_path, steps=40, bare_ps=None,
+                       env={"UPGRADE_SESSION_CONFIG": "plain", "UPGRADE_TASK_WAIT_SECS": "15"})
+    try:
+        for task in ("ps:0", "ps:1", "ps:2", "worker:0"):
+            cluster.start(task)
+        codes = cluster.wait(["worker:0"], timeout=240)
+        log = cluster.log("worker:0")
+        assert codes["worker:0"] != 0, log[-3000:]
+        match = re.search(r"tf_ecrec\.errors\.RecoveryError: (.*)", log)
+        assert match, log[-4000:]
+        assert match.group(1).startswith("worker:0: chief:0 at ") and "within 15 s" in match.group(1), match.group(1)
     finally:
         cluster.stop()
