@@ -18,6 +18,9 @@ ReportFailure             whole task: the generation reported lost, checked (any
                           report it); with shard ids: the holder's, checked here (was skipped,
                           and the client sent none)
 RestoreShardCheckpoint    checked here (TaskRef in the request; was anyone's)
+Register (again)          refused to a process a later one superseded (its instance id; it
+                          re-registered, releasing its successor's leases, and each took the
+                          slot from the other in turn); a process declared lost may rejoin
 RegisterDataset           no caller: idempotent, one definition per name
 ExtendDataset             no caller: the job driver's stream watermark
 ========================  =====================================================================
@@ -117,3 +120,42 @@ def test_a_task_less_client_cannot_restore(master) -> None:
     launcher = MasterClient(master.address, None)
     with pytest.raises(InvalidRequestError, match="names its caller"):
         launcher.restore_shard_checkpoint("train", launcher.shard_checkpoint("train"))
+
+
+def test_a_superseded_process_cannot_register_again_over_its_successor(master) -> None:
+    old = process(master, "worker:0")
+    old.register_dataset("train", 20, 10)
+    new = process(master, "worker:0")
+    lease = new.get_shard("train").lease
+    # What the old process's membership thread did on its heartbeat's StaleGenerationError: register again.
+    with pytest.raises(StaleGenerationError, match=r"worker:0: this process .* was superseded by generation 2"):
+        old.register("127.0.0.1:2000")
+    assert new.generation == 2 and new.report_progress(lease, 10) is True  # the successor keeps its lease
+    assert new.get_cluster().alive()["worker:0"].generation == 2
+    # A process declared lost (not superseded) registers again, as before: a new generation.
+    launcher = MasterClient(master.address, None)
+    launcher.report_failure("worker:0", reason="silent", generation=2)
+    new.register("127.0.0.1:2000")
+    assert new.generation == 3
+
+
+def test_a_superseded_processs_membership_stops_instead_of_taking_the_slot_back(master) -> None:
+    import time
+
+    from tf_ecrec.master.membership import EmbeddedMembership
+    from tf_ecrec.membership.base import EventKind, Member
+
+    old, new = (EmbeddedMembership(master.address, heartbeat_interval=0.1, timeout=5.0) for _ in range(2))
+    events: list[EventKind] = []
+    old.watch(lambda event: events.append(event.kind))
+    try:
+        old.join(Member("worker", 0, "127.0.0.1:2000"))
+        new.join(Member("worker", 0, "127.0.0.1:2000"))  # worker:0 restarted while the old process still runs
+        time.sleep(1.5)  # 15 heartbeat intervals: the old one's heartbeat is refused, its rejoin too
+        assert old.member is None and EventKind.SELF_LOST in events and EventKind.SELF_REJOINED not in events, events
+        with MasterClient(master.address, None) as observer:
+            assert observer.get_cluster().alive()["worker:0"].generation == 2
+        assert new.member is not None and new.member.generation == 2
+    finally:
+        old.close()
+        new.close()

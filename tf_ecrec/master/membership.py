@@ -17,7 +17,9 @@ process that
       heartbeat ok, version changed  -> CHANGED (diff of ALIVE tasks)
       master unreachable             -> SUSPENDED (once), RESUMED when back
       MembershipLost / stale reply   -> SELF_LOST, then register again
-                                        (new generation) -> SELF_REJOINED
+                                        (new generation) -> SELF_REJOINED;
+                                        refused (another process replaced this
+                                        one) -> no more heartbeats
 
 Nothing here blocks longer than the client's per-call deadline.
 """
@@ -217,7 +219,13 @@ class EmbeddedMembership(MembershipBackend):
         _LOG.warning("Membership of %s generation %d lost (%s); registering again",
                      member.key, member.generation, cause)
         self._dispatcher.publish(EventKind.SELF_LOST)
-        client.register(member.address)  # MasterUnavailable: retried next tick.
+        try:
+            client.register(member.address)  # MasterUnavailable: retried next tick.
+        except StaleGenerationError as exc:  # another process of the task replaced this one: it stays lost
+            _LOG.warning("%s: %s; this process stops heartbeating", member.key, exc)
+            with self._lock:
+                self._member = None
+            return
         with self._lock:
             if self._member is None:  # left meanwhile
                 return

@@ -142,9 +142,9 @@ class MasterState:
                  instance_id: str) -> tuple[TaskRecord, ClusterView]:
         """Registers a task; returns its record and the cluster.
 
-        A repeat by the same ``instance_id`` of an ALIVE task returns the
-        same generation.  Otherwise a new generation starts: the previous
-        one's leases are released as failed and the cluster version is bumped.
+        A repeat by the same ``instance_id`` of an ALIVE task returns the same generation; a process
+        another one superseded is refused (StaleGenerationError).  Otherwise a new generation starts:
+        the previous one's leases are released as failed and the cluster version is bumped.
         """
         check_registration(task_type, task_index, address)
         task_id = f"{task_type}:{task_index}"
@@ -152,6 +152,7 @@ class MasterState:
             repeat = self._tasks.retried(task_id, address, instance_id)
             if repeat is not None:
                 return dataclasses.replace(repeat), self._tasks.view()
+            self._tasks.check_not_superseded(task_id, instance_id)
             previous = self._tasks.records.get(task_id)
             if previous is not None and previous.status is TaskStatus.ALIVE:
                 # The old process died without being noticed: its leases failed.
@@ -194,8 +195,7 @@ class MasterState:
         with self._lock:
             return self._tasks.view()
 
-    def versions(self) -> tuple[int, int]:
-        """``(version, ps_version)``."""
+    def versions(self) -> tuple[int, int]:  # ``(version, ps_version)``
         with self._lock:
             return self._tasks.version, self._tasks.ps_version
 

@@ -28,6 +28,8 @@ from typing import Any
 from tf_ecrec.config import TASK_TYPES
 from tf_ecrec.errors import InvalidRequestError, MembershipLost, NotFoundError, StaleGenerationError
 
+_SUPERSEDED_KEPT = 8
+
 
 class TaskStatus(str, enum.Enum):
     """Where a task's current generation stands; the values go on disk."""
@@ -90,6 +92,9 @@ class TaskRecord:
     # request ids of the last GetShard per dataset, for idempotent retries:
     # dataset -> [request_id, shard_id, attempt]
     last_get_shard: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # instance ids of the earlier processes of this slot another one replaced (the last few): they may
+    # not register again (a superseded process would take the slot back from its successor)
+    superseded: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def task_id(self) -> str:
@@ -193,6 +198,19 @@ class TaskTable:
             return record
         return None
 
+    def check_not_superseded(self, task_id: str, instance_id: str) -> None:
+        """Refuses a registration by a process that a later one of the slot replaced.
+
+        Raises:
+          StaleGenerationError: ``instance_id`` registered before the current process did.
+        """
+        record = self.records.get(task_id)
+        if record is not None and instance_id and instance_id in record.superseded:
+            raise StaleGenerationError(
+                f"{task_id}: this process (instance {instance_id[:8]}) was superseded by generation "
+                f"{record.generation} (another process of the task); rule: a replaced process stops, it "
+                "does not register again")
+
     def new_generation(self, task_type: str, task_index: int, address: str,
                        instance_id: str) -> TaskRecord:
         """Starts the next generation of a slot, ALIVE; bumps the versions.
@@ -202,8 +220,11 @@ class TaskTable:
         task_id = f"{task_type}:{task_index}"
         previous = self.records.get(task_id)
         generation = previous.generation + 1 if previous else 1
+        superseded = list(previous.superseded) if previous else []
+        if previous is not None and previous.instance_id and previous.instance_id != instance_id:
+            superseded = [*superseded, previous.instance_id][-_SUPERSEDED_KEPT:]
         record = TaskRecord(task_type, task_index, address, generation, TaskStatus.ALIVE,
-                            instance_id)
+                            instance_id, superseded=superseded)
         self.records[task_id] = record
         self.heard(task_id)
         self.bump(task_type)
