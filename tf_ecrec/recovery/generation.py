@@ -22,6 +22,7 @@ target: the session's first step fails on that PS anyway.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,7 @@ class SessionGenerationHook(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         target = self._steps.target
+        started = time.monotonic()
         try:
             admitted = max(int(v) for v in session.run(self._admitted).values())
         except tf.errors.OpError as exc:
@@ -72,5 +74,5 @@ class SessionGenerationHook(tf.compat.v1.train.SessionRunHook):
         value = self._steps.start_session(admitted)
         self.sessions.append((target, admitted, value))
         if value != before:
-            _LOG.info("steps of this session carry generation %d (was %d; the cluster's version %d, the PS admit %d)",
-                      value, before, target, admitted)
+            _LOG.info("steps of this session carry generation %d (was %d; the cluster's version %d, the PS admit %d; "
+                      "read in %.2f s)", value, before, target, admitted, time.monotonic() - started)
