@@ -69,6 +69,16 @@ raises the PS to the new version, and a session created after it carries that ve
 PS admit a later one, theirs (`tf_ecrec.recovery.generation`): a worker that followed the move in
 place is not refused by the cluster it now reaches.
 
+Known stall (issue 33, not fixed): MonitoredSession closes the failed session before it creates the
+next one, and the close of a ClusterSpec-propagated session deletes its worker session on every
+task, this trainer's own included; that local deletion has no deadline and holds the trainer's
+TensorFlow SessionMgr, so the next session's creation waits until it ends.  Usually it takes
+milliseconds; in about one launched run in five it took 10-47 s (TF_CPP_MIN_LOG_LEVEL=0 and
+TF_CPP_VMODULE=session_mgr=1,master_session=1 show the new session's "ClusterSpec propagation is
+enabled" on the trainer's own task at the very moment the old session's close logs its end).  A
+close or creation cut by the operation timeout is the DeadlineExceeded that sends this loop to
+WAIT and BUILD, which rebuilds the graph without shortening the wait.
+
 The rebuild of the lost PS's variables is not this module's: the chief's
 new session runs it (`tf_ecrec.recovery`), exactly as for a PS restarted at
 its old address.  Workers' sessions wait for the chief's rebuild through the
