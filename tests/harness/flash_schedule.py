@@ -9,8 +9,8 @@ full settlements, PS kills rebuilt from parity, generation bumps), a `FlashSeque
   (`FlashSnapshots.write`), sometimes cut by a chief crash after any of its session calls;
 * **loses more PS than the code covers** (r + 1 at once), and recovers (`RecoveryPlan.prepare`);
 * keeps the **data's progress** as a job master does (`FakeMaster`): every step whose call returned
-  OK acknowledges `BATCH` records, each complete snapshot saves the progress beside it (the real
-  `ShardCheckpointListener`, asked before the capture), and the chief's `OwedRollbackHook` pays the
+  OK acknowledges `BATCH` records, each accepted capture saves the progress beside it (the real
+  `ShardCheckpointListener`, asked before the capture, written before the snapshot's files), and the chief's `OwedRollbackHook` pays the
   rollback a restore owes (`tf_ecrec.recovery.owed`) at its session creation.  The **chief dies
   after a restore and before its rollback reaches the master** (its hook never runs; the next
   chief's session creation restores nothing and pays what is owed), and the master is sometimes
@@ -104,6 +104,7 @@ class FlashSequence(fault_schedule.Sequence):
         self.master = FakeMaster()
         self.chief_deaths = chief_deaths  # how often the chief dies between a restore and its rollback
         self.outages = outages  # how often the master cannot be reached when a chief would pay
+        self.data_rng = np.random.default_rng(seed + 1_000_003)  # its own draws: the base sequence's stay as they were
         self.listener = ShardCheckpointListener(self.master, DATASET, self.model_dir)  # type: ignore[arg-type]
         self.snapshots: dict[int, np.ndarray | Any] = {}  # epoch -> words captured
         self.complete: dict[int, int | None] = dict.fromkeys(range(SLOTS))  # slot -> epoch whose write completed
@@ -135,7 +136,7 @@ class FlashSequence(fault_schedule.Sequence):
     def _chief_session(self, reachable: bool | None = None) -> None:
         """A chief's session creation as far as the data is concerned: its `OwedRollbackHook` pays what a
         restore owes (the master reachable or not), then the oracle compares progress and model."""
-        self.master.reachable = bool(self.rng.random() >= self.outages) if reachable is None else reachable
+        self.master.reachable = bool(self.data_rng.random() >= self.outages) if reachable is None else reachable
         self.flash.master_outages += not self.master.reachable
         before = len(self.master.rollbacks)
         payer = OwedRollbackHook(self.master, DATASET, self.model_dir,  # type: ignore[arg-type]
@@ -181,6 +182,7 @@ class FlashSequence(fault_schedule.Sequence):
         self._check("capture")
         self.epoch += 1
         self.snapshots[self.epoch] = words
+        self.listener.after_save(self.sess, step)  # as the chief's round does: captured, before the files
         after = int(self.rng.integers(0, 6))  # write's calls: per tier (own, peer) empty manifests, files, manifests
         sess: Any = _CrashingSession(self.sess, after) if cut else self.sess
         try:
@@ -197,7 +199,6 @@ class FlashSequence(fault_schedule.Sequence):
             sess.disarm()
         self.complete[self.slot] = self.epoch
         self.slot = (self.slot + 1) % SLOTS
-        self.listener.after_save(self.sess, step)  # the snapshot is complete: its progress beside it
 
     def _lose_beyond_r(self) -> bool:
         lost = [int(p) for p in self.rng.choice(self.rig.num_ps, size=self.rig.r + 1, replace=False)]
@@ -237,7 +238,7 @@ class FlashSequence(fault_schedule.Sequence):
 
     def _restored(self, result: Any) -> None:
         """After a restore's session creation: the chief's hooks pay the rollback owed, unless it dies first."""
-        if self.rng.random() < self.chief_deaths:
+        if self.data_rng.random() < self.chief_deaths:
             # The chief dies before its hooks run: the next chief's session finds every PS whole.
             self.flash.chief_deaths_before_rollback += 1
             self.rig.plan.prepare(self.sess, restore=None)

@@ -76,7 +76,7 @@ class _RollbackInChiefMemory(flash_schedule.FlashSequence):
         self.rig.plan._model_dir = None  # restores owe nothing in the model dir
 
     def _restored(self, result):
-        if self.rng.random() < self.chief_deaths:
+        if self.data_rng.random() < self.chief_deaths:
             self.flash.chief_deaths_before_rollback += 1  # its memory dies with it
             self.rig.plan.prepare(self.sess, restore=None)
             self._settled_all()

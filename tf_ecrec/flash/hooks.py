@@ -118,7 +118,9 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
       trainer: the chief's trainer index (0).
       listeners: `CheckpointSaverListener`s: ``before_save`` runs while the trainers are parked,
         before the capture (what it records, e.g. the data's progress, is then never ahead of
-        the snapshot), ``after_save`` with the snapshot's global step once it is complete.
+        the snapshot), ``after_save`` with the snapshot's global step once it is captured, before its
+        files are written (a snapshot restorable after a cut write has it too; one never complete
+        leaves a record older than any later snapshot's).
       strict: for jobs without delta logs (`tf_ecrec.flash.stock`), whose capture cannot see a
         step in flight: a round captures only once every other trainer's slot is parked for it or
         absent, and the capture counts only if no slot was written meanwhile (`FlashSnapshots.slots`).
@@ -228,6 +230,9 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
                       "a step was in flight" if activity is not None else "a trainer did not park")
             return None
         self._last_step = step
+        # Before the files: a snapshot restorable once its write is done, or cut after its own tier, has it.
+        for listener in self._listeners:
+            listener.after_save(sess, step)
         slot = self._slot
         tiers = list(self._snap.tiers())
         persist = self._config.persist_every
@@ -273,8 +278,6 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self.snapshots.append((epoch, step))
         _LOG.info("flash checkpoint of step %d in %s (%.2f s)", step, "+".join(t.value for t in tiers),
                   time.perf_counter() - started)
-        for listener in self._listeners:
-            listener.after_save(sess, step)
 
     def _free_slot(self, sess: Any) -> int:
         """The slot that does not hold PS 0's newest own copy (a restarted chief keeps the newest)."""
