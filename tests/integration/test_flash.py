@@ -22,7 +22,10 @@ from tf_ecrec.flash.snapshots import FlashSnapshots
 cluster = tf_cluster(num_ps=4)
 
 
-def _run(target, seeds, tmp_path, **kwargs):
+def _run(target, seeds, tmp_path, enough=None, **kwargs):
+    """Runs the sequences of `seeds` in order, and stops early once `enough(stats, flash)` holds: the
+    coverage a test needs, reached by whichever seeds give it (the draws move when the harness gains a
+    failure kind), with every sequence run checked by the oracle."""
     total, flash = None, flash_schedule.FlashStats()
     for seed in seeds:
         seq = flash_schedule.FlashSequence(target, seed, str(tmp_path / f"s{seed}"), **kwargs)
@@ -33,16 +36,20 @@ def _run(target, seeds, tmp_path, **kwargs):
             total.add(stats)
         for field in flash.__dataclass_fields__:
             setattr(flash, field, getattr(flash, field) + getattr(seq.flash, field))
+        if enough is not None and enough(total, flash):
+            break
     return total, flash
 
 
 def test_captures_and_losses_beyond_r_restore_exactly_from_memory(cluster, tmp_path):
-    stats, flash = _run(cluster.target("chief"), [11, 14], tmp_path, k=2, r=1, num_ps=3, ticks=600)
+    def enough(stats, flash):  # the sequences did what they are for
+        return (flash.captures >= 4 and flash.captures_dropped >= 4 and flash.memory_restores >= 2
+                and flash.writes_cut >= 1 and stats.steps_ok >= 20 and stats.parity_checks >= 4)
+
+    stats, flash = _run(cluster.target("chief"), [11, 14, 15, 16, 17, 18], tmp_path, enough, k=2, r=1, num_ps=3,
+                        ticks=600)
     assert stats.violations == []
-    # the sequences did what they are for
-    assert flash.captures >= 4 and flash.captures_dropped >= 4, flash
-    assert flash.memory_restores >= 2 and flash.writes_cut >= 1, flash
-    assert stats.steps_ok >= 20 and stats.parity_checks >= 4, stats
+    assert enough(stats, flash), (stats, flash)
 
 
 def test_two_plus_two_loses_three_and_restores_from_memory(cluster, tmp_path):
