@@ -107,7 +107,7 @@ class Host:
             time.sleep(0.3)
 
     def tcp_peers(self, port: int) -> dict[str, int]:
-        """Bytes received so far on each TCP connection to local `port`, by ``peer_address:peer_port``."""
+        """Bytes received so far on each TCP connection to local `port`, by ``peer_address:peer_port`` (IPv4)."""
         done = subprocess.run(self.run(["ss", "-Htni", "state", "all", f"sport = :{port}"]),
                               capture_output=True, text=True, timeout=30)
         out: dict[str, int] = {}
@@ -115,13 +115,43 @@ class Host:
         for line in done.stdout.splitlines():
             fields = line.split()
             if fields and not line[:1].isspace() and fields[0] != "LISTEN":
-                peer = fields[-1] if len(fields) >= 4 else None
+                peer = _plain(fields[-1]) if len(fields) >= 4 else None
                 if peer is not None:
                     out[peer] = 0
             received = re.search(r"bytes_received:(\d+)", line)
             if received and peer is not None:
                 out[peer] = int(received.group(1))
         return out
+
+
+    def tcp_written(self, address: str, port: int) -> dict[str, int]:
+        """Bytes the processes on this host have written so far on each TCP connection to `address`:`port`.
+
+        By ``local_address:local_port`` (how the far end names the connection): the bytes the far end has
+        acknowledged plus the send queue (written, not yet acknowledged), so while the far end is unreachable
+        this is every byte the connection will ever deliver of what was written until then.
+        """
+        done = subprocess.run(self.run(["ss", "-Htni", "state", "all", f"dst = {address}", f"dport = :{port}"]),
+                              capture_output=True, text=True, timeout=30)
+        out: dict[str, int] = {}
+        local = None
+        for line in done.stdout.splitlines():
+            fields = line.split()
+            if fields and not line[:1].isspace():
+                local = fields[3] if len(fields) >= 5 else None
+                if local is not None:
+                    out[_plain(local)] = int(fields[2])  # Send-Q
+            acked = re.search(r"bytes_acked:(\d+)", line)
+            if acked and local is not None:
+                out[_plain(local)] += int(acked.group(1))
+        return out
+
+
+def _plain(endpoint: str) -> str:
+    """``[::ffff:10.0.0.1]:80`` and ``10.0.0.1:80`` as ``10.0.0.1:80``."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    return f"{host.removeprefix('::ffff:')}:{port}"
 
 
 class Network(Mapping[str, Host]):
