@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def run(flags: Sequence[str], model_dir: str, what: str) -> dict[str, Any]:
+def run(flags: Sequence[str], model_dir: str, what: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs ``tf-ecrec run --model-dir MODEL_DIR --quiet FLAGS``; the report, with ``wall_seconds`` added.
 
     Raises:
@@ -19,7 +19,7 @@ def run(flags: Sequence[str], model_dir: str, what: str) -> dict[str, Any]:
     """
     cmd = [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", model_dir, "--quiet", *flags]
     started = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
     if result.returncode != 0:
         raise SystemExit(f"{what} failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:

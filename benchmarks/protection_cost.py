@@ -9,7 +9,11 @@ storage fixed and varies only the optimizer:
 * ``stock``: `EmbeddingCollection` storage trained by the stock v1 Adagrad
   (`ResourceSparseApplyAdagrad` on each PS variable; no parity, no replicas);
 * ``ecrec K+R``: the same storage under `tf_ecrec.ECOptimizer` (apply with
-  delta, parity folds, dense and global-step replicas, delta logs, commit).
+  delta, parity folds, dense and global-step replicas, delta logs), each
+  step's commit carried by the next step's run (`tf_ecrec.carried_commit`,
+  the default of Estimator jobs);
+* ``ecrec K+R in-step``: the same with the commit in the step's own run (TF2
+  ParameterServerStrategy steps, and every step before the carried commit).
 
 Method.  One process runs, for each configuration, its own PS tasks and one
 worker as in-process TensorFlow servers on loopback (gRPC between them, as
@@ -69,9 +73,10 @@ def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Serv
     return spec, servers
 
 
-def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object]:
-    """(graph, ids placeholder, train op, init op) of one configuration."""
+def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object, object]:
+    """(graph, ids placeholder, train op, init op, carried commit or None) of one configuration."""
     ec = tf_ecrec.ECConfig(2, 1) if config == "stock" else tf_ecrec.ECConfig.parse(config.split()[1])
+    commit = "in_step" if config.endswith("in-step") else "carried"
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=num_ps, worker_device="/job:worker/task:0")):
         tf.compat.v1.set_random_seed(1)
@@ -86,11 +91,23 @@ def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, obj
             x = tf.nn.relu(x) if width > 1 else x
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(x), logits=x))
         base = tf.compat.v1.train.AdagradOptimizer(0.05)
-        opt = base if config == "stock" else tf_ecrec.ECOptimizer(base, ec=ec)
+        opt = base if config == "stock" else tf_ecrec.ECOptimizer(base, ec=ec, commit=commit)
         train = opt.minimize(loss, global_step=step)
         init_op = tf.compat.v1.global_variables_initializer()
     graph.finalize()
-    return graph, ids, train, init_op
+    return graph, ids, train, init_op, getattr(opt, "carried_commit", None)
+
+
+class _Runner:
+    """Runs a configuration's step: plainly, or through its carried commit."""
+
+    def __init__(self, sess, train, carried) -> None:
+        self.sess, self.train, self.carried = sess, train, carried
+
+    def __call__(self, feed, **kwargs):
+        if self.carried is None:
+            return self.sess.run(self.train, feed, **kwargs)
+        return self.carried.run(self.sess, self.train, feed, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
-    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 4+1")
+    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 in-step,ecrec 4+1")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="trace N steps of each configuration")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",")]
@@ -112,20 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         _, own = _servers(args.ps)
         servers += own
-        graph, ids, train, init_op = _graph(name, args.ps, args.rows, args.dim)
+        graph, ids, train, init_op, carried = _graph(name, args.ps, args.rows, args.dim)
         sess = tf.compat.v1.Session(own[-1].target, graph=graph)
         sess.run(init_op)
+        step = _Runner(sess, train, carried)
         for b in batches[:20]:  # warm-up
-            sess.run(train, {ids: b})
-        sessions[name] = (sess, ids, train)
+            step({ids: b})
+        sessions[name] = (sess, ids, step)
     rates: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(args.rounds):
         order = configs[r % len(configs):] + configs[: r % len(configs)]
         for name in order:
-            sess, ids, train = sessions[name]
+            sess, ids, step = sessions[name]
             start = time.perf_counter()
             for i in range(args.steps):
-                sess.run(train, {ids: batches[i % len(batches)]})
+                step({ids: batches[i % len(batches)]})
             rates[name].append(args.steps / (time.perf_counter() - start))
     print(f"\nprotection cost: {args.ps} PS in process, 26 tables x {args.rows} rows x {args.dim}, batch {args.batch}, "
           f"{args.rounds} interleaved samples of {args.steps} steps, medians\n")
@@ -138,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwhere a step's time goes: median over {args.profile} traced steps, ms from the step's first op "
               "(first start / last end / summed op time)\n")
         for name in configs:
-            sess, ids, train = sessions[name]
-            rows = profile(sess, train, ids, batches, args.profile)
+            sess, ids, step = sessions[name]
+            rows = profile(step, ids, batches, args.profile)
             print(f"{name}:\n\n| ops | first start | last end | op time |\n|---|---|---|---|")
             for kind, (first, last, busy) in rows:
                 print(f"| {kind} | {first:.2f} | {last:.2f} | {busy:.2f} |")
@@ -161,13 +179,13 @@ KINDS = (
 )
 
 
-def profile(sess, train, ids, batches, steps: int) -> list[tuple[str, tuple[float, float, float]]]:
+def profile(step, ids, batches, steps: int) -> list[tuple[str, tuple[float, float, float]]]:
     """Per kind of op: medians over `steps` traced steps of (first start, last end, summed op time), in ms."""
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     samples: dict[str, list[tuple[float, float, float]]] = {}
     for i in range(steps):
         meta = tf.compat.v1.RunMetadata()
-        sess.run(train, {ids: batches[i % len(batches)]}, options=options, run_metadata=meta)
+        step({ids: batches[i % len(batches)]}, options=options, run_metadata=meta)
         nodes = [n for d in meta.step_stats.dev_stats for n in d.node_stats if n.node_name not in ("_SOURCE", "_SINK")]
         t0 = min(n.all_start_micros for n in nodes)
         spans: dict[str, list[tuple[float, float]]] = {}

@@ -5,9 +5,15 @@
     __init__        validate arguments (nothing touches the graph or the network)
     begin           resolve the records-per-step tensor; start the sender thread
     before_run      fetch that tensor with the step (SessionRunArgs)
-    after_run       attribute the step's records to leases (ShardTracker);
-                    queue the cumulative counts (never blocks, never calls the master)
-    end             flush the sender for at most ``flush_timeout`` seconds; stop it
+    after_run       attribute the step's records to leases (ShardTracker) once the step is
+                    durable; queue the cumulative counts (never blocks, never calls the master)
+    end             commit the last step, attribute it; flush the sender for at most
+                    ``flush_timeout`` seconds; stop it
+
+With a protected step whose commit the next run carries (`tf_ecrec.carried_commit`), a
+step's records are attributed one run later, once its commit ran OK; the records of a
+step that never commits (its session failed first) are never acknowledged, so the
+master hands them out again: a step a failure undoes is retrained, never lost.
 
 The step never waits on the master: a background
 :class:`~tf_ecrec.master.progress_reporter.ProgressSender` delivers the counts, keeps
@@ -33,14 +39,17 @@ Usage::
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.carried_commit import CarriedCommit, carried_commits
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.progress_reporter import ProgressSender, ShardTracker
@@ -88,6 +97,11 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
                                                 warn_every_secs=warn_every_secs)
         self._untracked = RateLimitedLogger(_LOG, warn_every_secs)
         self._tensor: Any = None
+        self._carried: list[CarriedCommit] = []
+        self._runs = 0  # runs that returned OK (numbered as CarriedCommit numbers them)
+        self._waiting: collections.deque[tuple[int, int]] = collections.deque()  # (run, records) not durable yet
+        self._lock = threading.Lock()  # the training thread and a CarriedCommit's resolving thread
+        self.records_dropped = 0  # records of steps that never became durable
 
     def _send(self, lease: ShardLease, records: int) -> bool:
         return self._client.report_progress(lease, records, timeout=1.0, retry=_SEND_RETRY)
@@ -102,6 +116,9 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
         elif callable(self._records):
             self._tensor = self._records()
         self._sender.start()
+        self._carried = carried_commits()
+        for commit in self._carried:  # a run made durable off the training thread is reported at once
+            commit.on_resolved(self._attribute_durable)
 
     def before_run(self, run_context: Any) -> Any:
         if self._tensor is None:
@@ -111,6 +128,25 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
     def after_run(self, run_context: Any, run_values: Any) -> None:
         records = self._records if self._tensor is None else int(run_values.results)
         assert isinstance(records, int)  # without a tensor (built in begin), records is the int count
+        with self._lock:
+            self._runs += 1
+            self._waiting.append((self._runs, records))
+        self._attribute_durable()
+
+    def _attribute_durable(self) -> None:
+        with self._lock:
+            while self._waiting:
+                run, records = self._waiting[0]
+                states = {commit.resolved(run) for commit in self._carried}
+                if "pending" in states:
+                    return
+                self._waiting.popleft()
+                if "lost" in states:
+                    self.records_dropped += records
+                    continue
+                self._attribute(records)
+
+    def _attribute(self, records: int) -> None:
         before = self._tracker.untracked_records
         for update in self._tracker.record_trained(records):
             self._sender.submit(update)
@@ -121,6 +157,13 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
                 self._tracker.untracked_records)
 
     def end(self, session: Any) -> None:
+        for commit in self._carried:  # the last step's commit (idempotent: whichever hook ends first runs it)
+            commit.flush(session)
+        self._attribute_durable()
+        with self._lock:
+            if self._waiting:  # not resolved (cannot happen once flushed): never claim them
+                self.records_dropped += sum(r for _, r in self._waiting)
+                self._waiting.clear()
         if not self._sender.flush(self._flush_timeout):
             unsent = self._sender.unsent
             _LOG.warning("%d shard progress reports (%d records) not delivered within %.1fs; "

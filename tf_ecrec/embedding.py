@@ -56,6 +56,9 @@ class ECContext:
     num_ps: int
     version: dataclasses.InitVar[int] = 0
     steps: StepGeneration = dataclasses.field(init=False, compare=False)
+    # The graph's runs are driven by a `tf_ecrec.carried_commit.CarriedCommitHook` (`ec_model_fn` adds it):
+    # its ECOptimizers carry each step's commit into the next run unless told otherwise.
+    carried_commit: bool = False
 
     def __post_init__(self, version: int) -> None:
         object.__setattr__(self, "steps", StepGeneration(version))

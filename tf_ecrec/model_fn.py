@@ -23,6 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec import optimizer
+from tf_ecrec.carried_commit import CarriedCommitHook
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.device import layout_placement, local_storage
 from tf_ecrec.ec_config import ECConfig
@@ -82,7 +83,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        context = ECContext(ec, num_ps, _generation())
+        context = ECContext(ec, num_ps, _generation(), carried_commit=mode == tf.estimator.ModeKeys.TRAIN)
         set_context(context)
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.
@@ -96,7 +97,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
             chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
-            hooks = list(spec.training_hooks) + [SessionGenerationHook(context.steps, optimizer.logs)]
+            # The carried commit first: later hooks' fetches then run in a step that carries it.
+            hooks = [CarriedCommitHook(), *spec.training_hooks, SessionGenerationHook(context.steps, optimizer.logs)]
             if not config.is_chief and config.cluster_spec:  # a dead chief or PS must not hold it in CreateSession
                 hooks.append(TaskWaitHook(*run_config_targets(config), task_wait_secs))
             if flash is not None:

@@ -9,23 +9,16 @@ Supported: the rules of `tf_ecrec.update_rule` (GradientDescent, Adagrad,
 Adam applied lazily, Ftrl, Momentum, RMSProp), with their hyperparameters
 read from the wrapped optimizer.
 
-For each step, `apply_gradients` builds:
-
-- for the data variable of an `EmbeddingCollection` on PS ``p``: one
-  ``SparseApply*WithDelta`` op on ``p`` (rows deduplicated by summing their
-  gradients, as TensorFlow's optimizers do), whose output, the bitwise
-  ``old ^ new`` of every touched row of the variable and its slots, is routed
-  to the parity chunks of the rows' stripes: for parity ``j`` and PS ``q``
-  one ``ParityUpdate`` op on ``q`` folds ``coef(j, i) * delta`` into the
-  parity rows (XOR for r = 1).  XOR and GF(2^16) multiplication commute, so
-  concurrent workers may fold their deltas in any order: whenever no step is
-  in flight, parity equals the code of data and slots, bit for bit;
-- for every other trainable variable (dense, replicated): the same delta op
-  over all rows, whose delta is XORed into each of its ``r`` replicas on the
-  next PS tasks (a replica is the k = 1 code of the variable and its slots:
-  its bits equal theirs at quiescence, whatever the order of the updates);
-- the global step increment, applied to the global step and its ``r``
-  replicas (integer additions commute too).
+For each step, `apply_gradients` builds, on the PS tasks (docs/settlement.md):
+one ``SparseApply*WithDelta`` op per updated variable (rows deduplicated as
+TensorFlow's optimizers do), whose output ``old ^ new`` of every touched row
+and slot is folded into the parity chunks of the rows' stripes
+(``coef * delta``, XOR for r = 1) or XORed into a dense variable's ``r``
+replicas; the global step increment on the step and its replicas; the two
+commit rounds, in the run or carried by the next (`tf_ecrec.carried_commit`).
+XOR, GF(2^16) products and integer additions commute, so whenever no step is
+in flight parity and replicas equal the code of data and slots, bit for bit,
+whatever the order of concurrent workers' updates.
 
 Parity, slots and replicas are created on first use (`tf_ecrec.protection`);
 where each delta folds comes from the layout (`TableLayout.fold_routes`);
@@ -43,12 +36,13 @@ import tensorflow as tf
 
 from tf_ecrec import failpoints, steplog
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.carried_commit import MODES, CarriedCommit, commit_mode_from_environ
 from tf_ecrec.device import on_ps, ps_device, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
-from tf_ecrec.protection import ProtectionVariables
+from tf_ecrec.protection import ProtectionVariables, describe
 from tf_ecrec.step_program import (
     AppliedUpdate,
     Apply,
@@ -60,6 +54,8 @@ from tf_ecrec.step_program import (
     StepProgram,
     Target,
     TargetKind,
+    barrier,
+    commit_rounds,
     new_step_id,
 )
 from tf_ecrec.step_program import dedup as _dedup
@@ -96,6 +92,12 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
       rule: the update rule, when there is no v1 optimizer to read it from
         (`tf_ecrec.pss` reads it from a Keras optimizer); ``optimizer`` is
         then None and `compute_gradients` is not available.
+      commit: ``"carried"``: a step's run ends after its count, and its two
+        commit rounds run in the trainer's next run (`tf_ecrec.carried_commit`:
+        a `CarriedCommitHook` or `CarriedCommit.run` must drive the runs);
+        ``"in_step"``: a run ends after its own commit.  Default:
+        ``TF_ECREC_COMMIT`` if set, else carried under `tf_ecrec.ec_model_fn`
+        (which adds the hook), else in_step.
     """
 
     def __init__(
@@ -105,7 +107,11 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "ECOptimizer",
         commit_timeout_ms: int = steplog.ROUND1_TIMEOUT_MS,
         rule: UpdateRule | None = None,
+        commit: str | None = None,
     ) -> None:
+        if commit is not None and commit not in MODES:
+            raise ConfigError(f"ECOptimizer commit={commit!r}; rule: one of {MODES}; source: ECOptimizer")
+        self._commit_mode = commit
         super().__init__(use_locking=True, name=name)
         self.commit_timeout_ms = int(commit_timeout_ms)
         self._base = optimizer
@@ -135,28 +141,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def describe(self) -> dict[str, Any]:
         """What protects what, by variable name (JSON-able; for verification and recovery)."""
-        slots = self.variables.slots
-        out: dict[str, Any] = {
-            "code": [self._ec.k, self._ec.r] if self._ec else None,
-            "optimizer": self.rule.kind.value,
-            "slots": [n for n, _ in self.rule.slots],
-            "collections": [],
-            "replicas": {name: [variable_name(r) for r in reps] for name, reps in self.replicas.items()},
-            "replica_slots": {name: [variable_name(s) for s in slots.get(name, [])] for name in self.replicas},
-        }
-        for name, parity in self.parity.items():
-            coll = self._collections[name]
-            out["collections"].append(
-                {
-                    "name": name,
-                    "dim": coll.dim,
-                    "layout": coll.layout.to_json(),
-                    "data": {str(p): variable_name(v) for p, v in coll.data.items()},
-                    "slots": {str(p): [variable_name(s) for s in slots[variable_name(v)]] for p, v in coll.data.items()},
-                    "parity": {str(q): variable_name(v) for q, v in parity.items()},
-                }
-            )
-        return out
+        return describe(self, self._collections, self._ec)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
         if self._base is None:
@@ -235,21 +220,25 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             # on the survivors and rolled back on the lost PS (docs/settlement.md, Costs).
             counts: dict[int, Gated] = {}
             if global_step is not None:
-                counts = self._increment(global_step, after_fold)
+                hub = global_step.device  # the folds' barrier: one edge per fold, one per count copy
+                counts = self._increment(global_step, barrier(after_fold, self._ec.r + 1, hub, "folded"))
             counted = failpoints.after_count(
                 armed, [g.op for g in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
             )
             # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
-            # their applies), then round 2 everywhere (tf_ecrec.steplog).
-            round1 = {}
-            for p in sorted({device_task(a.device) for a in applied}):
-                gate = _gate(self._sid, self.logs[p].device, counted)
-                round1[p] = Gated(gate, ec_ops.delta_log_commit_in_order(self.logs[p], gate, timeout_ms=self.commit_timeout_ms))
-            round2 = {}
-            for p, log in sorted(self.logs.items()):
-                gate = _gate(self._sid, log.device, [g.op for g in round1.values()])
-                round2[p] = Gated(gate, ec_ops.delta_log_commit(log, gate))
-            train_op = tf.group(*[g.op for g in round2.values()], name="ec_commit")
+            # their applies), then round 2 everywhere (tf_ecrec.steplog): in this run, or
+            # carried by the trainer's next run (tf_ecrec.carried_commit), beside its applies.
+            data_ps = sorted({device_task(a.device) for a in applied})
+            self.carried_commit = None
+            if self._carried(step_context):
+                carried = tf.compat.v1.placeholder(tf.int64, [], name="carried_sid")
+                round1, round2 = commit_rounds(carried, self.logs, data_ps, [], self.commit_timeout_ms)
+                train_op = tf.group(*counted, name="ec_step")
+                tail = tf.group(*[g.op for g in round2.values()], name="ec_carried_commit")
+                self.carried_commit = CarriedCommit(self._sid, carried, tail).register()
+            else:
+                round1, round2 = commit_rounds(self._sid, self.logs, data_ps, counted, self.commit_timeout_ms)
+                train_op = tf.group(*[g.op for g in round2.values()], name="ec_commit")
         # The ops ending each phase, for tests that cut a step between phases.
         self.phases = {
             "apply": tf.group(*[a.delta for a in applied]),
@@ -266,6 +255,12 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         )
         _PROTECTORS.add(self)
         return train_op
+
+    def _carried(self, step_context: Any) -> bool:
+        mode = self._commit_mode or commit_mode_from_environ()
+        if mode is not None:
+            return mode == "carried" and self._bound is None
+        return step_context is not None and step_context.carried_commit and self._bound is None
 
     def _log(self, ps: int) -> tf.Tensor:
         if ps not in self.logs:
@@ -384,7 +379,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         for copy in [global_step, *replicas]:
             q = device_task(copy.device)
             tid = self._target(variable_name(copy), q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
-            gate = _gate(one, copy.device, after)
+            gate = _gate(one, copy.device, after)  # `after`: one barrier op (apply_gradients)
             with tf.device(copy.device):
                 ops[tid] = Gated(gate, ec_ops.assign_add_logged(copy, gate, **self._logged(q, tid)))
         return ops

@@ -14,6 +14,7 @@ initialised data PS to PS in slices (`tf_ecrec.rebuild`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -165,3 +166,29 @@ class ProtectionVariables:
                 self.replicas_for(var, slots, r, num_ps)
         if global_step is not None:
             self.step_replicas(global_step, r, num_ps)
+
+
+def describe(opt: Any, colls: dict[str, Any], ec: Any) -> dict[str, Any]:
+    """What `opt` (an ECOptimizer) protects, by variable name (JSON-able; for verification and recovery)."""
+    slots = opt.variables.slots
+    out: dict[str, Any] = {
+        "code": [ec.k, ec.r] if ec else None,
+        "optimizer": opt.rule.kind.value,
+        "slots": [n for n, _ in opt.rule.slots],
+        "collections": [],
+        "replicas": {name: [variable_name(r) for r in reps] for name, reps in opt.replicas.items()},
+        "replica_slots": {name: [variable_name(s) for s in slots.get(name, [])] for name in opt.replicas},
+    }
+    for name, parity in opt.parity.items():
+        coll = colls[name]
+        out["collections"].append(
+            {
+                "name": name,
+                "dim": coll.dim,
+                "layout": coll.layout.to_json(),
+                "data": {str(p): variable_name(v) for p, v in coll.data.items()},
+                "slots": {str(p): [variable_name(s) for s in slots[variable_name(v)]] for p, v in coll.data.items()},
+                "parity": {str(q): variable_name(v) for q, v in parity.items()},
+            }
+        )
+    return out

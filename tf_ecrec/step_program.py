@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tf_ecrec import ops as ec_ops
+
 GENERATION_SHIFT = 48
 MAX_GENERATION = (1 << 14) - 1
 
@@ -194,6 +196,32 @@ def gate(value: tf.Tensor, device: str, after: list[Any]) -> tf.Tensor:
     """`value` on `device` once `after` ran: what an op of a later phase reads (see apply_gradients)."""
     with tf.device(device), tf.control_dependencies(after):
         return tf.identity(value, name="gate")
+
+
+def barrier(ops: list[Any], consumers: int, device: str, name: str) -> list[Any]:
+    """What `consumers` ops on other tasks wait for, instead of every op of `ops`: one op on `device`
+    that waits for them all, when that makes fewer cross-task edges (each is a transfer of its own)."""
+    if len(ops) <= 1 or consumers <= 1:
+        return list(ops)
+    with tf.device(device):
+        return [tf.group(*ops, name=name)]
+
+
+def commit_rounds(sid: tf.Tensor, logs: dict[int, tf.Tensor], data_ps: list[int], after: list[Any],
+                  timeout_ms: int) -> tuple[dict[int, Gated], dict[int, Gated]]:
+    """Round 1 of step `sid` on its `data_ps` logs once `after` ran, then round 2 on every log."""
+    round1 = {}
+    hub = logs[data_ps[0]].device if data_ps else None
+    after = barrier(after, len(data_ps), hub, "counted") if hub else after
+    for p in data_ps:
+        g = gate(sid, logs[p].device, after)
+        round1[p] = Gated(g, ec_ops.delta_log_commit_in_order(logs[p], g, timeout_ms=timeout_ms))
+    round2 = {}
+    done = barrier([r.op for r in round1.values()], len(logs), hub, "round1_done") if hub else []
+    for p, log in sorted(logs.items()):
+        g = gate(sid, log.device, done)
+        round2[p] = Gated(g, ec_ops.delta_log_commit(log, g))
+    return round1, round2
 
 
 def read_step(variable: Any) -> tf.Tensor:

@@ -20,10 +20,8 @@ waiting behind another); `Reconciler.settle_left_behind` for those pending when 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -31,15 +29,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.stale_steps import STALE_SECS, SettleReport, StaleSteps  # noqa: F401 (re-exported)
 from tf_ecrec.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
 
 ROUND1_TIMEOUT_MS = 60_000
 """How long a step's round-1 commit waits for an earlier step before failing (Aborted)."""
-STALE_SECS = 5.0
-"""A step pending this long and not waiting behind an earlier one belongs to a dead task (a live
-step takes milliseconds): the chief settles it (`Reconciler.settle_stale`)."""
 
 
 class FeedPairs(tuple[Any, ...]):
@@ -60,25 +56,7 @@ def feeds(*pairs: tuple[Any, Any]) -> Any:
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
 
 
-@dataclasses.dataclass
-class SettleReport:
-    """What one settlement did (counts of steps, and of fold entries rolled back)."""
-
-    undone: int = 0
-    finished: int = 0
-    committed: int = 0
-    rolled_back: int = 0
-
-    def add(self, other: SettleReport) -> None:
-        """Adds `other`'s counts to these."""
-        for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
-
-    def counts(self) -> dict[str, int]:
-        return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
-
-
-class Reconciler:
+class Reconciler(StaleSteps):
     """Graph ops (built before finalize) and the procedure that settle pending steps.
 
     Args:
@@ -153,54 +131,6 @@ class Reconciler:
         with self._lock:
             return self._settle(sess, sorted(p for p in alive if p in self._read), set(lost), only)
 
-    def settle_stale(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float) -> SettleReport | None:
-        """Settles the steps pending longer than `stale_secs` whose commit is not waiting on an
-        earlier step (a live step waits; a dead task's does not), with training going on."""
-        alive = sorted(p for p in alive if p in self._read)
-        age, waiting = self._pending_ages(sess, alive)
-        stale = sorted(s for s, a in age.items() if a >= stale_secs and s not in waiting)
-        if not stale:
-            return None
-        return self.settle(sess, alive, (), only=stale)
-
-    def settle_left_behind(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float = STALE_SECS,
-                           poll_secs: float = 0.05, clock: Callable[[], float] = time.monotonic,
-                           sleep: Callable[[float], None] = time.sleep) -> SettleReport:
-        """At the end of a trainer's training: settles the steps pending now that dead tasks left.
-
-        Other trainers' steps commit within milliseconds and are left alone (fencing them would fail
-        them). Each step pending at the first read is watched until it commits, or settled once stale
-        (`settle_stale`'s rule); the wait is bounded by about ``2 * stale_secs``."""
-        alive = sorted(p for p in alive if p in self._read)
-        total = SettleReport()
-        deadline = clock() + 2 * stale_secs
-        watched: set[int] | None = None
-        while True:
-            age, waiting = self._pending_ages(sess, alive)
-            watched = set(age) if watched is None else watched
-            left = watched & set(age)
-            stale = sorted(s for s in left if age[s] >= stale_secs and s not in waiting)
-            if not stale and clock() >= deadline:  # a step that waits this long: whatever waits on it
-                stale = sorted(left)
-            if stale:
-                total.add(self.settle(sess, alive, (), only=stale))
-                left -= set(stale)
-            if not left:
-                return total
-            sleep(poll_secs)
-
-    def _pending_ages(self, sess: tf.compat.v1.Session, alive: list[int]) -> tuple[dict[int, float], set[int]]:
-        """Every pending sid's age in seconds (its oldest entry on any log) and those waiting in round 1."""
-        values = sess.run({p: self._pending[p] for p in alive})
-        age: dict[int, float] = {}
-        waiting: set[int] = set()
-        for sids, ages, waits in values.values():
-            for s, a, w in zip(sids, ages, waits):
-                age[int(s)] = max(age.get(int(s), 0.0), float(a))
-                if w:
-                    waiting.add(int(s))
-        return age, waiting
-
     def set_generation(self, sess: tf.compat.v1.Session, alive: Iterable[int], generation: int) -> None:
         """Raises the minimum generation on the alive logs (older trainers' writes then fail)."""
         ops = [self._setgen[p] for p in sorted(alive) if p in self._setgen]
@@ -267,14 +197,30 @@ class Reconciler:
         if lost_sources:
             report.rolled_back, tops = self._roll_back_lost_sources(sess, snaps, lost_sources, pending_set, round2)
             snaps = self._snapshots(sess, alive)
-        # C. settle each step on the survivors.
+        # C. settle each step on the survivors: first, while any can be, the steps to undo whose every apply
+        # is the newest of its variable, one at a time (a trainer's step may have applied a variable after
+        # its previous step, whose commit it carries: undoing the later one makes the earlier one newest, so
+        # that it is undone whole too); then the others, finished (or undone where each apply is newest).
         entries = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid in pending_set]
-        for sid in pending:
-            if sid in done:
-                report.committed += 1
-                continue
-            mine = [(p, e) for p, e in entries if e.sid == sid]
-            if self._settle_step(sess, snaps, sid, mine, alive, self._keeps(mine, tops)):
+        mine = {sid: [(p, e) for p, e in entries if e.sid == sid] for sid in pending}
+        keeps = {sid: self._keeps(mine[sid], tops) for sid in pending}
+        report.committed += len(done)
+        left = [sid for sid in pending if sid not in done]
+        while self.undo_newest_first:
+            ready = [sid for sid in left if not keeps[sid] and self._all_newest(snaps, sid)]
+            if not ready:
+                break
+            sid = ready[0]
+            left.remove(sid)
+            now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
+            if self._settle_step(sess, snaps, sid, now, alive, False):
+                report.undone += 1
+            else:
+                report.finished += 1
+            snaps = self._snapshots(sess, alive)  # its entries are gone: an earlier step may be newest now
+        for sid in left:
+            now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
+            if self._settle_step(sess, snaps, sid, now, alive, keeps[sid]):
                 report.undone += 1
             else:
                 report.finished += 1
@@ -297,6 +243,14 @@ class Reconciler:
             len(pending), report.counts(), report.rolled_back,
         )
         return report
+
+    # Settlement undoes the steps it can, newest first, before finishing the others (False: in id order,
+    # one pass; the mutation test shows the harness's oracle catches the partial steps that leaves).
+    undo_newest_first = True
+
+    def _all_newest(self, snaps: dict[int, ec_ops.DeltaLogSnapshot], sid: int) -> bool:
+        applies = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid and e.kind == ec_ops.EntryKind.APPLY]
+        return all(self._undoable(snaps[p], e) for p, e in applies)
 
     @staticmethod
     def _keeps(mine: list[tuple[int, ec_ops.DeltaLogEntry]], tops: dict[int, int]) -> bool:

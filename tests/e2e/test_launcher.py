@@ -97,9 +97,8 @@ def test_deterministic_runs_end_with_the_same_variable_bytes(tmp_path):
                  "--kill", "ps:0@step=80", "--kill", "ps:1@step=80", "--restart-delay", "1")
     assert [r["method"] for r in second["recovery"]] == ["memory", "memory"], second["recovery"]
     assert all(0 < r["steps_rolled_back"] <= 50 for r in second["recovery"]), second["recovery"]
-    other_seed = run("c", 1, "--fault-tolerance", "none")
+    # The digest sees every byte (a changed value changes it): tests/unit/test_verify_bounded.py.
     assert first["variables_sha256"] == second["variables_sha256"]
-    assert first["variables_sha256"] != other_seed["variables_sha256"]  # the digest does see the bytes
 
 
 def test_criteo_data_corrupt_lines_are_counted_or_fail_the_run(tmp_path, criteo_corrupt_sample):

@@ -114,7 +114,7 @@ class Rig:
 
     def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None,
                  background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
-                 flash_dir: str | None = None) -> None:
+                 flash_dir: str | None = None, carried: bool = False) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -132,7 +132,9 @@ class Rig:
                 "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.2),
                 "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
             }[optimizer]()
-            self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0)
+            # The step program the harness drives op by op: the commit rounds built on the carried step id
+            # (`carried`: the Estimator jobs' graph) or on the step's own.
+            self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0, commit="carried" if carried else "in_step")
             self.opt.minimize(loss, global_step=step)
             self.coll = coll
             self.plan = RecoveryPlan(self.opt, background=background, slice_bytes=SLICE_BYTES)
@@ -234,6 +236,7 @@ class _Step:
     actions: list[tuple[str, Any]]
     results: dict = dataclasses.field(default_factory=dict)
     wrote: bool = False  # an apply, fold or count of it took effect (its entries are in a log until settled)
+    commit: list = dataclasses.field(default_factory=list)  # carried mode: its rounds, run with the next step
 
 
 @dataclasses.dataclass
@@ -242,6 +245,7 @@ class _Worker:
     generation: int
     step: _Step | None = None
     zombie: bool = False
+    carried: _Step | None = None  # returned, its commit runs with the worker's next step (not durable yet)
 
 
 @dataclasses.dataclass
@@ -251,6 +255,8 @@ class Stats:
     sequences: int = 0
     actions: int = 0
     steps_ok: int = 0
+    steps_returned: int = 0
+    returned_not_durable: int = 0
     steps_failed: int = 0
     worker_kills: int = 0
     ps_kills: int = 0
@@ -283,11 +289,15 @@ class Sequence:
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
                  background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
-                 flash_dir: str | None = None) -> None:
+                 flash_dir: str | None = None, carried: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
+        # `carried`: a step's run ends after its count and its commit rounds run with the worker's next
+        # step (tf_ecrec.carried_commit); a step is OK for the oracle once durable (its commit ran).
+        self.carried = carried
         self.seed = seed
         self.target = target
-        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir)
+        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir,
+                       carried=carried)
         self.unsettled: set[int] = set()  # steps that wrote and ended without committing, not settled yet
         self.ticks = ticks
         # `atomic`: one worker that is never killed (one writer at a time), and the oracle also checks
@@ -370,12 +380,20 @@ class Sequence:
         self.rng.shuffle(r1)
         r2 = [("round2", q) for q in p.round2]
         self.rng.shuffle(r2)
+        if self.carried:
+            return _Step(sid, {self.rig.ids: hot, p.sid: sid}, order + tail, commit=r1 + r2)
         return _Step(sid, {self.rig.ids: hot, p.sid: sid}, order + tail + r1 + r2)
 
-    def _advance(self, worker: _Worker) -> None:
-        if worker.step is None:
+    def _advance(self, worker: _Worker, flush: bool = False) -> None:
+        """Runs one op of the worker's run: of its step, or of the commit its run carries (`flush`: the
+        carried commit alone, as a trainer that ends runs it)."""
+        if worker.step is None and not (flush and worker.carried is not None):
             worker.step = self._new_step(worker)
-        step = worker.step
+        carried = worker.carried if worker.carried is not None and worker.carried.actions else None
+        if carried is not None and (worker.step is None or not worker.step.actions or self.rng.random() < 0.5):
+            step = carried
+        else:
+            step = worker.step
         kind, arg = step.actions[0]
         p = self.rig.program
         fetch: Any
@@ -422,10 +440,26 @@ class Sequence:
             self.oracle.applied(arg, out[0], out[1], step.sid)
         step.wrote = step.wrote or kind in ("apply", "fold", "count")
         step.actions.pop(0)
-        if not step.actions:
-            self.ok.add(step.sid)
+        self._end_run(worker)
+
+    def _end_run(self, worker: _Worker) -> None:
+        """The worker's run ended OK if its step and the commit it carried are done."""
+        if (worker.step is not None and worker.step.actions) or (worker.carried is not None and worker.carried.actions):
+            return
+        if worker.carried is not None:  # its commit ran: durable
+            self.ok.add(worker.carried.sid)
             self.stats.steps_ok += 1
-            worker.step = None
+            worker.carried = None
+        if worker.step is None:
+            return
+        if worker.step.commit:  # returned; the next run carries its commit
+            worker.step.actions, worker.step.commit = worker.step.commit, []
+            worker.carried = worker.step
+            self.stats.steps_returned += 1
+        else:
+            self.ok.add(worker.step.sid)
+            self.stats.steps_ok += 1
+        worker.step = None
 
     def _run_action(self, fetch: Any, feed: dict, lookups: bool) -> Any:
         """Runs one op of a step; while a background rebuild runs, an apply (whose forward lookups may wait
@@ -469,17 +503,22 @@ class Sequence:
             self._install_slice()
 
     def _abandon(self, worker: _Worker) -> None:
-        """The worker's step ends without committing (failed, hung or its worker died)."""
+        """The worker's run ends without committing (failed, hung or its worker died): its step, and the
+        step whose commit the run carried (returned, never durable: its records are trained again)."""
         if worker.step is not None and worker.step.wrote:
             self.unsettled.add(worker.step.sid)
-        worker.step = None
+        if worker.carried is not None:
+            self.unsettled.add(worker.carried.sid)
+            self.stats.returned_not_durable += 1
+        worker.step = worker.carried = None
 
     def _settled_all(self) -> None:
         """Every pending step was settled (fenced, undone or finished, committed): none writes again."""
         self.unsettled.clear()
         for w in self.workers:
-            if w.step is not None:
-                w.step.wrote = False
+            for step in (w.step, w.carried):
+                if step is not None:
+                    step.wrote = False
 
     def _kill_worker(self) -> None:
         i = int(self.rng.integers(len(self.workers)))
@@ -491,13 +530,13 @@ class Sequence:
     def _drain(self) -> None:
         """Lets every live, current worker finish its step (settling dead ones' steps it waits on)."""
         for _ in range(400):
-            busy = [w for w in self.workers if w.step is not None and not w.zombie]
+            busy = [w for w in self.workers if (w.step is not None or w.carried is not None) and not w.zombie]
             if not busy:
                 break
             for w in busy:
-                before = len(w.step.actions)
-                self._advance(w)
-                if w.step is not None and len(w.step.actions) == before:
+                before = [len(s.actions) for s in (w.step, w.carried) if s is not None]
+                self._advance(w, flush=True)
+                if [len(s.actions) for s in (w.step, w.carried) if s is not None] == before:
                     self._settle_dead()  # blocked behind a dead step
         for w in self.workers:
             if w.zombie:
@@ -506,7 +545,7 @@ class Sequence:
     # ---- the chief ---------------------------------------------------------------------------
 
     def _live_sids(self) -> set[int]:
-        return {w.step.sid for w in self.workers if w.step is not None and not w.zombie}
+        return {s.sid for w in self.workers if not w.zombie for s in (w.step, w.carried) if s is not None}
 
     def _some_ops(self, ops: list[Any]) -> list[Any]:
         """The ops of a call that ran before the chief died inside it: any strict subset, at random."""
@@ -540,6 +579,11 @@ class Sequence:
         snaps = self.rig.plan.reconciler._snapshots(self.sess, list(range(self.rig.num_ps)))
         pending = {e.sid for s in snaps.values() for e in s.entries}
         dead = sorted(pending - self._live_sids())
+        if self.carried and self.rng.random() < 0.3:
+            # A trainer paused past the stale bound (a slow input, a long hook) with its returned step
+            # uncommitted: settlement takes it too (it was counted: kept), and its carried commit then
+            # finds it committed.
+            dead = sorted(set(dead) | {w.carried.sid for w in self.workers if w.carried is not None and not w.zombie})
         self.unsettled.clear()  # the dead steps with entries are settled now
         if dead:
             self.rig.plan.reconciler.settle(self.sess, range(self.rig.num_ps), only=dead)
@@ -565,7 +609,7 @@ class Sequence:
         self.stats.ps_kills += 1
         self.stats.double_ps_kills += n == 2
         for w in self.workers:  # every session fails when a PS dies
-            if w.step is not None:
+            if w.step is not None or w.carried is not None:
                 self.stats.steps_failed += 1
                 self._abandon(w)
         attempts = 0
@@ -718,13 +762,15 @@ def run_sequences(target: str, seeds: list[int], until_violation: bool = False,
     """Runs a sequence per seed; with `until_violation`, stops after the first that found one (mutation tests).
 
     What a seeded sequence does depends on timing (a kill lands before or after a step's commit; two
-    kills beyond r end a sequence early), so the coverage a test asks for (`enough`) is reached by
-    running up to `max_extra` more seeds after `seeds` while it is not; the caller still asserts it.
+    kills beyond r end a sequence early), so a test states the coverage it needs (`enough`): seeds run
+    in order until it holds, up to `max_extra` more after `seeds` while it does not; the caller still
+    asserts it.  Every sequence run is checked by the oracle; the soak (`benchmarks/settlement_soak.py`)
+    runs hundreds.
     """
     total = Stats()
     extra = [seeds[-1] + 1 + i for i in range(max_extra)] if enough is not None and seeds else []
-    for index, seed in enumerate([*seeds, *extra]):
-        if index >= len(seeds) and enough is not None and enough(total):
+    for seed in [*seeds, *extra]:
+        if enough is not None and total.sequences and enough(total):
             break
         total.add(Sequence(target, seed, **kwargs).run())
         if until_violation and total.violations:

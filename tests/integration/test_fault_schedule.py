@@ -45,14 +45,15 @@ def test_generated_failure_sequences_keep_every_invariant(cluster, k, r, num_ps)
                 and s.stale_settlements >= 1)
 
     stats = fault_schedule.run_sequences(cluster.target("chief"), [s + 100 * r for s in SEEDS], k=k, r=r,
-                                         num_ps=num_ps, enough=enough)
+                                         num_ps=num_ps, enough=enough, carried=True)
     assert stats.violations == []
     assert enough(stats), stats
 
 
 def test_generated_sequences_with_sgd_and_adam(cluster):
-    for optimizer in ("sgd", "adam"):
-        stats = fault_schedule.run_sequences(cluster.target("chief"), [7, 8], k=2, r=2, num_ps=4, optimizer=optimizer)
+    # The commit in the step's own run (ECOptimizer commit="in_step", as TF2 ParameterServerStrategy steps do).
+    for optimizer, seed in (("sgd", 7), ("adam", 8)):
+        stats = fault_schedule.run_sequences(cluster.target("chief"), [seed], k=2, r=2, num_ps=4, optimizer=optimizer)
         assert stats.violations == [], optimizer
         assert stats.steps_ok >= 5
 
@@ -66,7 +67,7 @@ def test_generated_sequences_with_the_rebuild_in_the_background_keep_every_invar
                 and s.steps_ok >= 20 and s.parity_checks >= 6)
 
     stats = fault_schedule.run_sequences(cluster.target("chief"), [300 * r, 300 * r + 1, 300 * r + 2], k=k, r=r,
-                                         num_ps=num_ps, background=True, enough=enough)
+                                         num_ps=num_ps, background=True, enough=enough, carried=True)
     assert stats.violations == []
     assert enough(stats), stats
 
@@ -128,7 +129,7 @@ def test_with_one_writer_every_cut_step_is_undone_or_kept_whole(cluster, k, r, n
     # One worker, never killed: nothing overtakes a step, so every step cut by a failure (a PS lost
     # anywhere in it, the chief restarting) must end wholly undone or wholly kept.
     stats = fault_schedule.run_sequences(cluster.target("chief"), [500 + 10 * r + s for s in range(3)], k=k, r=r,
-                                         num_ps=num_ps, workers=1, atomic=True)
+                                         num_ps=num_ps, workers=1, atomic=True, carried=True)
     assert stats.violations == []
     assert stats.steps_ok >= 20 and stats.ps_kills >= 2
 
@@ -145,3 +146,38 @@ def test_the_atomic_oracle_catches_a_step_kept_on_the_survivors_only(cluster):
     stats = fault_schedule.run_sequences(cluster.target("chief"), list(range(600, 610)), k=2, r=1, num_ps=3, workers=1,
                                          atomic=True, reconciler_cls=_FinishCountedSteps, until_violation=True)
     assert stats.violations, "the harness found nothing wrong with a protocol that keeps part of a step"
+
+
+class _AcknowledgedOnReturn(fault_schedule.Sequence):
+    """A trainer that acknowledges a step when its run returns, before the commit its next run carries."""
+
+    def _end_run(self, worker):
+        step = worker.step
+        done = step is not None and not step.actions and step.commit
+        super()._end_run(worker)
+        if done:
+            self.ok.add(step.sid)
+
+
+def test_the_oracle_catches_a_step_acknowledged_before_it_is_durable(cluster):
+    # The durability rule is what makes returning before the commit safe: a returned step that a PS
+    # failure undoes must not have been acknowledged.
+    stats = fault_schedule.Stats()
+    for seed in range(700, 708):
+        stats.add(_AcknowledgedOnReturn(cluster.target("chief"), seed, k=2, r=1, num_ps=3, carried=True).run())
+        if stats.violations:
+            break
+    assert stats.violations, "the harness found nothing wrong with acknowledging steps on return"
+
+
+class _OldestFirst(steplog.Reconciler):
+    """Settlement that settles pending steps in one pass, in id order: a trainer's later step, still in its
+    logs, can keep its earlier step (whose commit it carried) from being undone whole."""
+
+    undo_newest_first = False
+
+
+def test_the_atomic_oracle_catches_settlement_that_undoes_the_older_step_first(cluster):
+    stats = fault_schedule.run_sequences(cluster.target("chief"), list(range(800, 812)), k=2, r=1, num_ps=3, workers=1,
+                                         atomic=True, carried=True, reconciler_cls=_OldestFirst, until_violation=True)
+    assert stats.violations, "the harness found nothing wrong with settling a trainer's older step first"

@@ -42,7 +42,7 @@ class _Plan:
     def reconciler_ps(self) -> list[int]:
         return [0, 1, 2]
 
-    def settle_stale(self, sess: tf.compat.v1.Session, ps: list[int], stale_secs: float) -> SettleReport | None:
+    def settle_stale(self, sess: tf.compat.v1.Session, ps: list[int], stale_secs: float, exclude: object = ()) -> SettleReport | None:
         self.calls.append(("settle_stale", (sess, tuple(ps), stale_secs)))
         return self.reports.pop(0) if self.reports else None
 

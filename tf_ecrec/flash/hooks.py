@@ -32,6 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.carried_commit import carried_commits
 from tf_ecrec.flash.config import SLOTS, Tier, early_steps
 from tf_ecrec.flash.snapshots import FlashSnapshots
 
@@ -85,6 +86,9 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
         except (tf.errors.OpError, RuntimeError):
             pass
 
+    def begin(self) -> None:
+        self._carried = carried_commits()
+
     def before_run(self, run_context: Any) -> Any:
         return tf.compat.v1.train.SessionRunArgs(self._snap.gate_value)
 
@@ -95,6 +99,8 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
 
     def _park_for(self, sess: Any, requested: int) -> None:
         self._parked_at = requested
+        for commit in getattr(self, "_carried", ()):  # parked with its last step committed: nothing pending
+            commit.flush(sess)
         self._snap.park(sess, self._trainer, requested)
         self.parks += 1
         deadline = time.monotonic() + self._wait
@@ -206,6 +212,8 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         if self._slot is None:
             self._slot = self._free_slot(sess)
         started = time.perf_counter()
+        for commit in carried_commits(sess.graph):  # the chief's own last step, committed before the capture
+            commit.flush(sess)
         self._snap.request(sess, epoch)
         activity = self._park_all(sess, epoch)
         parked_at = time.perf_counter()

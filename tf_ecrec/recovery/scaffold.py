@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_ecrec.carried_commit import CarriedCommit, carried_commits
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.kernels import PSKernelsCheck
@@ -190,6 +191,10 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
         self._stale = stale_secs
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._carried: list[CarriedCommit] = []
+
+    def begin(self) -> None:
+        self._carried = carried_commits()
 
     def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         self._stop_thread()
@@ -209,7 +214,8 @@ class StaleStepSettlerHook(tf.compat.v1.train.SessionRunHook):
     def _run(self, session: tf.compat.v1.Session, stop: threading.Event) -> None:
         while not stop.wait(self._interval):
             try:
-                report = self._plan.reconciler.settle_stale(session, self._plan.reconciler_ps(), self._stale)
+                mine = {sid for commit in self._carried for sid in commit.pending_sids()}
+                report = self._plan.reconciler.settle_stale(session, self._plan.reconciler_ps(), self._stale, exclude=mine)
             except RuntimeError:
                 return  # the session was closed
             except tf.errors.OpError as exc:
@@ -234,6 +240,8 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
         self._plan = plan
 
     def end(self, session: tf.compat.v1.Session) -> None:
+        for commit in carried_commits(session.graph):  # the chief's own last step is not left behind
+            commit.flush(session)
         if not self._plan.wait_background(timeout=LONG_OP_TIMEOUT_MS / 1000):
             _LOG.warning("training ended while a background rebuild was not done; the next start resumes it")
         try:

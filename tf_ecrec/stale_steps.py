@@ -1,0 +1,98 @@
+"""Steps a dead task left in the delta logs, settled with training going on (part of `steplog.Reconciler`).
+
+A live trainer's step commits within milliseconds of its writes (or, with the commit carried by its
+next run, `tf_ecrec.carried_commit`, within one step); a step pending longer than `STALE_SECS` whose
+round-1 commit is not waiting behind an earlier step is a dead task's. `settle_stale` settles those
+(the chief's background settler), `settle_left_behind` those pending when a trainer ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import tensorflow as tf
+
+STALE_SECS = 5.0
+"""A step pending this long and not waiting behind another belongs to a dead task."""
+
+
+@dataclasses.dataclass
+class SettleReport:
+    """What one settlement did (counts of steps, and of fold entries rolled back)."""
+
+    undone: int = 0
+    finished: int = 0
+    committed: int = 0
+    rolled_back: int = 0
+
+    def add(self, other: SettleReport) -> None:
+        """Adds `other`'s counts to these."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def counts(self) -> dict[str, int]:
+        return {"undone": self.undone, "finished": self.finished, "committed": self.committed}
+
+
+class StaleSteps:
+    """The stale-step half of `steplog.Reconciler` (which provides `settle`, `_read` and `_pending`)."""
+
+    _read: dict[int, Any]
+    _pending: dict[int, Any]
+
+    def settle(self, sess: Any, alive: Iterable[int], lost: Iterable[int], only: Any = None) -> Any:
+        raise NotImplementedError
+
+    def settle_stale(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float,
+                     exclude: Iterable[int] = ()) -> SettleReport | None:
+        """Settles the steps pending longer than `stale_secs` whose commit is not waiting on an
+        earlier step (a live step waits; a dead task's does not), with training going on; never the
+        steps `exclude` (this trainer's own, whose commit its next run carries)."""
+        alive = sorted(p for p in alive if p in self._read)
+        age, waiting = self._pending_ages(sess, alive)
+        mine = set(exclude)
+        stale = sorted(s for s, a in age.items() if a >= stale_secs and s not in waiting and s not in mine)
+        if not stale:
+            return None
+        return self.settle(sess, alive, (), only=stale)
+
+    def settle_left_behind(self, sess: tf.compat.v1.Session, alive: Iterable[int], stale_secs: float = STALE_SECS,
+                           poll_secs: float = 0.05, clock: Callable[[], float] = time.monotonic,
+                           sleep: Callable[[float], None] = time.sleep) -> SettleReport:
+        """At the end of a trainer's training: settles the steps pending now that dead tasks left.
+
+        Other trainers' steps commit within milliseconds and are left alone (fencing them would fail
+        them). Each step pending at the first read is watched until it commits, or settled once stale
+        (`settle_stale`'s rule); the wait is bounded by about ``2 * stale_secs``."""
+        alive = sorted(p for p in alive if p in self._read)
+        total = SettleReport()
+        deadline = clock() + 2 * stale_secs
+        watched: set[int] | None = None
+        while True:
+            age, waiting = self._pending_ages(sess, alive)
+            watched = set(age) if watched is None else watched
+            left = watched & set(age)
+            stale = sorted(s for s in left if age[s] >= stale_secs and s not in waiting)
+            if not stale and clock() >= deadline:  # a step that waits this long: whatever waits on it
+                stale = sorted(left)
+            if stale:
+                total.add(self.settle(sess, alive, (), only=stale))
+                left -= set(stale)
+            if not left:
+                return total
+            sleep(poll_secs)
+
+    def _pending_ages(self, sess: tf.compat.v1.Session, alive: list[int]) -> tuple[dict[int, float], set[int]]:
+        """Every pending sid's age in seconds (its oldest entry on any log) and those waiting in round 1."""
+        values = sess.run({p: self._pending[p] for p in alive})
+        age: dict[int, float] = {}
+        waiting: set[int] = set()
+        for sids, ages, waits in values.values():
+            for s, a, w in zip(sids, ages, waits):
+                age[int(s)] = max(age.get(int(s), 0.0), float(a))
+                if w:
+                    waiting.add(int(s))
+        return age, waiting
