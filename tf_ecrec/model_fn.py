@@ -23,7 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec import optimizer
-from tf_ecrec.carried_commit import CarriedCommitHook
+from tf_ecrec.carried_commit import CarriedCommitHook, commit_mode_from_environ
 from tf_ecrec.config import ClusterConfig
 from tf_ecrec.device import layout_placement, local_storage
 from tf_ecrec.ec_config import ECConfig
@@ -83,7 +83,10 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        context = ECContext(ec, num_ps, _generation(), carried_commit=mode == tf.estimator.ModeKeys.TRAIN)
+        # The carried commit is opt-in (TF_ECREC_COMMIT=carried) until flash rounds and the hang
+        # detector are proven with it (docs/settlement.md, "Durable steps").
+        context = ECContext(ec, num_ps, _generation(),
+                            carried_commit=mode == tf.estimator.ModeKeys.TRAIN and commit_mode_from_environ() == "carried")
         set_context(context)
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.

@@ -96,8 +96,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         commit rounds run in the trainer's next run (`tf_ecrec.carried_commit`:
         a `CarriedCommitHook` or `CarriedCommit.run` must drive the runs);
         ``"in_step"``: a run ends after its own commit.  Default:
-        ``TF_ECREC_COMMIT`` if set, else carried under `tf_ecrec.ec_model_fn`
-        (which adds the hook), else in_step.
+        ``TF_ECREC_COMMIT`` if set, else in_step (`tf_ecrec.ec_model_fn` adds
+        the hook either way).
     """
 
     def __init__(

@@ -120,9 +120,9 @@ class FlashSequence(fault_schedule.Sequence):
             return self._lose_beyond_r()
         return super()._tick()
 
-    def _advance(self, worker: Any) -> None:
+    def _advance(self, worker: Any, flush: bool = False) -> None:
         ok = self.stats.steps_ok
-        super()._advance(worker)
+        super()._advance(worker, flush=flush)
         if self.stats.steps_ok > ok:  # its call returned OK: the trainer acknowledges its batch
             self.master.ack(BATCH)
 
