@@ -6,6 +6,8 @@ digest and parity come from (tests/e2e); here: what it does when the read cannot
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 
 import pytest
@@ -35,3 +37,21 @@ def test_a_reader_left_waiting_is_stopped_by_close(tmp_path):
     assert proc is not None and proc.poll() is None  # loading TensorFlow, then waiting for addresses
     reader.close()
     assert proc.poll() is not None
+
+
+def test_a_read_works_with_descriptors_above_what_select_takes(tmp_path):
+    # A launcher (or a long test worker) with many files open: the reader's pipe gets a descriptor above
+    # 1023, which select() refuses ("filedescriptor out of range"); the read waits with poll().
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2048)), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        reader = DigestReader(str(tmp_path / "missing.json"), str(tmp_path / "digest.log"), timeout=120)
+        reader.start()
+        assert reader._stdout is not None and reader._stdout > 1024
+        with pytest.raises(LaunchError, match="cannot read variable manifest"):
+            reader.read(["127.0.0.1:1"])
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

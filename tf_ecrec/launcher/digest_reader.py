@@ -83,7 +83,10 @@ class DigestReader:
         self._stdin = None
         out = b""
         while True:
-            ready, _, _ = select.select([self._stdout], [], [], max(0.0, deadline - time.monotonic()))
+            # poll, not select: a launcher with many open files has descriptors above select's 1024.
+            poller = select.poll()
+            poller.register(self._stdout, select.POLLIN | select.POLLHUP | select.POLLERR)
+            ready = poller.poll(max(0.0, deadline - time.monotonic()) * 1000.0)
             if not ready:
                 self.close()
                 raise LaunchError(
