@@ -69,6 +69,7 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
         self._snap = snapshots
         self._trainer = int(trainer)
         self._wait = float(wait_secs)
+        self._carried: list[Any] = []  # the graph's carried commits (begin)
         self._parked_at = 0
         self.parks = 0
         self.timeouts = 0
@@ -99,7 +100,7 @@ class FlashGateHook(tf.compat.v1.train.SessionRunHook):
 
     def _park_for(self, sess: Any, requested: int) -> None:
         self._parked_at = requested
-        for commit in getattr(self, "_carried", ()):  # parked with its last step committed: nothing pending
+        for commit in self._carried:  # parked with its last step committed: nothing pending
             commit.flush(sess)
         self._snap.park(sess, self._trainer, requested)
         self.parks += 1
