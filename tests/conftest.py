@@ -8,6 +8,7 @@ Tiers: ``tests/unit`` (pure functions, ops and hooks on in-process sessions),
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -24,10 +25,11 @@ TIER_TIMEOUTS = {"unit": 300, "integration": 900, "e2e": 1200}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test with its tier (the directory it is in), gives it the tier's time limit and its xdist group.
 
-    The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject.toml): the e2e
-    tier is one group, so its jobs run one at a time on one worker (each launches a whole cluster of
-    processes and spends half its time waiting on it), while the other worker takes the unit and
-    integration modules, a module at a time (its module-scoped clusters start once).
+    The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject.toml), a module
+    at a time (its module-scoped clusters start once).  The e2e modules come first in the run's
+    order, so that the longest units of work start first and the unit tier's short modules fill the
+    end on whichever worker frees first.  Two launched jobs may run at once, as jobs run beside
+    anything on a shared machine: no test may depend on having the machine to itself.
     """
     for item in items:
         parts = item.path.relative_to(REPO).parts
@@ -35,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier not in TIER_TIMEOUTS:
             continue
         item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else "/".join(parts[1:])))
+        item.add_marker(pytest.mark.xdist_group("/".join(parts[1:])))
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
 
@@ -67,14 +69,22 @@ def run_in_fresh_process(target: str, timeout: float = 600) -> None:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_ecrec.__file__)))
     path = os.pathsep.join(p for p in (os.path.join(REPO, "tests"), package_root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_OVERRIDE_GLOBAL_THREADPOOL": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", f"import {module}; {module}.{function}()"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    assert result.returncode == 0, f"{target} failed:\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
+    proc = subprocess.Popen([sys.executable, "-c", f"import {module}; {module}.{function}()"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Where it waits: SIGABRT makes faulthandler (enabled by the cases, `harness.pss_cluster.exit_with`)
+        # print every thread's Python stack before the process dies.
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"{target} did not end within {timeout} s; its threads' stacks:\n{out[-12000:]}\n"
+                             f"{err[-3000:]}") from None
+    assert proc.returncode == 0, f"{target} failed:\n{out[-5000:]}\n{err[-5000:]}"
 
 
 @pytest.fixture

@@ -38,22 +38,6 @@ def _assert_every_trainer_back(report, trainers=("chief:0", "worker:0")):
             assert 1 <= cost["sessions"] <= 2, where
 
 
-def test_a_killed_ps_is_rebuilt_from_parity_with_no_rollback(tmp_path):
-    """Three asynchronous trainers (chief and two workers) on 2+1: one PS killed and rebuilt, parity exact at the end.
-    (2+2 with asynchronous trainers and two PS lost at once: the sequence test below.)"""
-    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "3", "--steps", "600",
-                       "--kill", "ps:1@step=300", "--restart-delay", "1")
-    (rec,) = report["recovery"]
-    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0
-    assert rec["resumed_from_step"] >= rec["killed_at_step"] and rec["bytes_rebuilt"] > 0
-    assert 0 < rec["rebuild_seconds"] < rec["seconds_to_resume"]
-    _assert_parity_exact(report, stripes=3)
-    with open(os.path.join(tmp_path, "logs", "chief-0.log"), encoding="utf-8") as fh:
-        log = fh.read()
-    assert "Restoring parameters from" not in log  # no checkpoint was read
-    assert "recovered lost PS [1] by parity" in err
-
-
 def test_more_lost_ps_than_the_code_covers_restore_from_the_flash_checkpoint_in_memory(tmp_path):
     from tf_ecrec.flash.config import Manifest, shm_root
     from tf_ecrec.launcher.spec import JobSpec
@@ -95,10 +79,17 @@ def test_deterministic_runs_with_a_ps_killed_end_with_the_same_bytes_for_every_p
     # these runs are among the test command's slowest).
     for i in (0, ps - 1) if ps == 3 else (ps - 1,):
         moved = ["--restart-at", "new-port"] if i == 0 else []
-        report, _ = _run(tmp_path / f"kill{i}", *args, "--kill", f"ps:{i}@step={90 + 20 * i}", "--restart-delay", "1",
-                         *moved)
+        report, err = _run(tmp_path / f"kill{i}", *args, "--kill", f"ps:{i}@step={90 + 20 * i}", "--restart-delay", "1",
+                           *moved)
         (rec,) = report["recovery"]
+        # Rebuilt from parity, with no rollback and no checkpoint read (the same job with three asynchronous
+        # trainers and two PS lost at once: the sequence test below).
         assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+        assert rec["resumed_from_step"] >= rec["killed_at_step"] and rec["bytes_rebuilt"] > 0, rec
+        assert 0 < rec["rebuild_seconds"] < rec["seconds_to_resume"], rec
+        assert f"recovered lost PS [{i}] by parity" in err
+        with open(os.path.join(tmp_path / f"kill{i}", "logs", "chief-0.log"), encoding="utf-8") as fh:
+            assert "Restoring parameters from" not in fh.read()
         if moved:
             assert rec["address"] != "same" and rec["failovers"] >= 1, rec
         assert report["variables_sha256"] == reference["variables_sha256"], f"ps:{i}"
@@ -172,11 +163,11 @@ def test_with_a_spare_training_goes_on_while_the_killed_ps_rows_are_rebuilt(tmp_
     which the rebuild installs first), nothing is rolled back and parity is exact at the end."""
     import re
 
-    # Small slices (128 KB, about 900 session calls for the 333 MB of ps:1) make the walk outlast the
-    # trainers' first steps after they resume, so that their lookups meet pending rows; the walk pauses
-    # as long as each slice took (--rebuild-share 0.5), leaving the rest of the time to training.
+    # Small slices (128 KB, several hundred session calls for the 170 MB of ps:1) make the walk outlast
+    # the trainers' first steps after they resume, so that their lookups meet pending rows; the walk
+    # pauses as long as each slice took (--rebuild-share 0.5), leaving the rest of the time to training.
     report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "1200", "--spare-ps", "1",
-                       "--table-rows", "200000", "--embedding-dim", "16", "--kill", "ps:1@step=500",
+                       "--table-rows", "100000", "--embedding-dim", "16", "--kill", "ps:1@step=500",
                        "--rebuild-slice-mb", "0.125", "--rebuild-share", "0.5", "--restart-delay", "20")
     (rec,) = report["recovery"]
     assert rec["method"] == "parity" and rec["rebuilt_in_background"] and rec["steps_rolled_back"] == 0
@@ -186,7 +177,7 @@ def test_with_a_spare_training_goes_on_while_the_killed_ps_rows_are_rebuilt(tmp_
     # The chief read the global step when trainers were let in and when the last row was installed:
     # steps completed in between, on a PS whose rows were partly there.
     assert started["t"] < done["t"] and done["global_step"] > started["global_step"], (started, done)
-    assert rec["samples_per_sec_in_window"] > 0 and rec["bytes_rebuilt"] > 100_000_000
+    assert rec["samples_per_sec_in_window"] > 0 and rec["bytes_rebuilt"] > 50_000_000
     _assert_every_trainer_back(report)  # each trainer, not only the chief, stepped on (issue 33)
     with open(os.path.join(tmp_path, "logs", "chief-0.log"), encoding="utf-8") as fh:
         asked = re.search(r"background rebuild of PS \[1\] done: (\d+) rows \((\d+) asked for by lookups first\)", fh.read())

@@ -289,8 +289,11 @@ class Sequence:
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
                  background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
-                 flash_dir: str | None = None, carried: bool = False) -> None:
+                 flash_dir: str | None = None, carried: bool = False, rebuild_cut_weight: int = 2) -> None:
         self.rng = np.random.default_rng(seed)
+        # How often (against 500 step advances) the chief dies inside a call of a running background
+        # rebuild; the rebuild-cut tests raise it to meet their coverage in fewer ticks.
+        self.rebuild_cut_weight = rebuild_cut_weight
         # `carried`: a step's run ends after its count and its commit rounds run with the worker's next
         # step (tf_ecrec.carried_commit); a step is OK for the oracle once durable (its commit ran).
         self.carried = carried
@@ -322,11 +325,16 @@ class Sequence:
         self.oracle = Oracle(self.rig.read_words(self.sess), atomic=self.atomic)
         return self.sess
 
-    def run(self) -> Stats:
+    def run(self, stop: Callable[[Stats], bool] | None = None) -> Stats:
+        """Runs up to `ticks` events, then drains the workers and settles; `stop` (given this sequence's
+        stats so far) ends the events early, once the caller's coverage holds (the drain, settlement
+        and checks still run)."""
         with self.start():
             for _ in range(self.ticks):
                 if not self._tick():
                     return self.stats
+                if stop is not None and stop(self.stats):
+                    break
             self._drain()
             self._full_settle("end")
         return self.stats
@@ -334,7 +342,7 @@ class Sequence:
     def _tick(self) -> bool:
         events = (
             ["advance"] * 500 + ["kill_worker"] * 3 + ["stale"] * 3 + ["chief_restart"] + ["kill_ps"] * 2
-            + ["generation"] + ["quiesce"] + ["slice"] * 20 + ["cut_rebuild"] * 2
+            + ["generation"] + ["quiesce"] + ["slice"] * 20 + ["cut_rebuild"] * self.rebuild_cut_weight
         )
         event = events[self.rng.integers(len(events))]
         if event == "slice" and self._job() is not None:
@@ -763,16 +771,24 @@ def run_sequences(target: str, seeds: list[int], until_violation: bool = False,
 
     What a seeded sequence does depends on timing (a kill lands before or after a step's commit; two
     kills beyond r end a sequence early), so a test states the coverage it needs (`enough`): seeds run
-    in order until it holds, up to `max_extra` more after `seeds` while it does not; the caller still
-    asserts it.  Every sequence run is checked by the oracle; the soak (`benchmarks/settlement_soak.py`)
+    in order until it holds, up to `max_extra` more after `seeds` while it does not, and the sequence
+    during which it comes to hold stops its events there (then drains, settles and is checked as any
+    other); the caller still asserts it.  Every sequence run is checked by the oracle; the soak (`benchmarks/settlement_soak.py`)
     runs hundreds.
     """
     total = Stats()
     extra = [seeds[-1] + 1 + i for i in range(max_extra)] if enough is not None and seeds else []
+
+    def covered(current: Stats) -> bool:  # the coverage of the sequences so far and of the running one
+        assert enough is not None
+        both = dataclasses.replace(total, violations=[])
+        both.add(current)
+        return enough(both)
+
     for seed in [*seeds, *extra]:
         if enough is not None and total.sequences and enough(total):
             break
-        total.add(Sequence(target, seed, **kwargs).run())
+        total.add(Sequence(target, seed, **kwargs).run(stop=covered if enough is not None else None))
         if until_violation and total.violations:
             break
     return total

@@ -244,3 +244,30 @@ class FlashSequence(fault_schedule.Sequence):
             self.rig.plan.prepare(self.sess, restore=None)
             self._settled_all()
         self._chief_session()
+
+
+def run_flash_sequences(target: str, seeds: list[int], tmp_path: Any, enough: Any = None,
+                        **kwargs: Any) -> tuple[fault_schedule.Stats, FlashStats]:
+    """Runs the sequences of `seeds` in order, and stops early once `enough(stats, flash)` holds: the
+    coverage a test needs, reached by whichever seeds give it (the draws move when the harness gains a
+    failure kind), with every sequence run checked by the oracle."""
+    total, flash = fault_schedule.Stats(), FlashStats()
+
+    def summed(seq: FlashSequence, stats: fault_schedule.Stats) -> tuple[fault_schedule.Stats, FlashStats]:  # the coverage of the sequences before and of the running one
+        both, both_flash = dataclasses.replace(total, violations=[]), dataclasses.replace(flash)
+        both.add(stats)
+        for field in flash.__dataclass_fields__:
+            setattr(both_flash, field, getattr(flash, field) + getattr(seq.flash, field))
+        return both, both_flash
+
+    for seed in seeds:
+        seq = FlashSequence(target, seed, str(tmp_path / f"s{seed}"), **kwargs)
+        # The sequence during which the coverage comes to hold stops its events there (then drains,
+        # settles and is checked as any other).
+        stats = seq.run(stop=None if enough is None else lambda current, seq=seq: enough(*summed(seq, current)))
+        violations = [*total.violations, *stats.violations]
+        total, flash = summed(seq, stats)
+        total.violations = violations
+        if enough is not None and enough(total, flash):
+            break
+    return total, flash

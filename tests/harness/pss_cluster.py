@@ -1,8 +1,11 @@
 """A local TF2 ParameterServerStrategy cluster of real processes, for the `tf_ecrec.pss` tests.
 
 The PS and worker tasks are ``tf.distribute.Server`` processes that load the
-op library and reconnect fast (as the launcher's tasks); the test's own
-process is the coordinator.  A PS can be killed and restarted at its address
+op library and reconnect fast (as the launcher's tasks, `harness.pss_server`);
+the test's own process is the coordinator.  They are forked from the
+launcher's fork server (`tf_ecrec.launcher.forkserver`), which imports
+TensorFlow once for all of them and for every restart: a cluster of 3 PS and
+2 workers otherwise spends about 25 s of CPU importing it five times.  A PS can be killed and restarted at its address
 or at a new one (`restart(..., new_port=True)`), which its `resolver()`
 then reports, as a cluster resolver backed by a scheduler would.
 """
@@ -11,24 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-SERVER = """
-import json, sys
-from tf_ecrec.config import ClusterConfig
-from tf_ecrec.launcher.task import start_server
-from tf_ecrec.ops import load_library
-load_library()
-cluster, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-server = start_server(ClusterConfig(cluster, job, index))
-print("up", flush=True)
-server.join()
-"""
+from tf_ecrec.launcher.forkserver import ForkServer, start_process
 
 
 def free_port() -> int:
@@ -46,23 +39,33 @@ class PSSCluster:
             "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
             "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
         }
-        self.procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
+        self.procs: dict[tuple[str, int], Any] = {}  # subprocess.Popen, or forkserver.ForkedProcess
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self._env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                     "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
+        self._log = tempfile.NamedTemporaryFile(prefix="pss-forkserver-", suffix=".log", delete=False)
+        self._forks = ForkServer(self._env, self._log.name)
+        self._forks.start()  # no server (no subreaper, TF_ECREC_FORKSERVER=0): each task imports on its own
         started = [self._spawn(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))]
-        for proc in started:
-            self._wait_up(proc)
+        for key, up in started:
+            self._wait_up(key, up)
 
-    def _spawn(self, job: str, index: int) -> subprocess.Popen[str]:
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(self.spec), job, str(index)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        self.procs[(job, index)] = proc
-        return proc
+    def _spawn(self, job: str, index: int) -> tuple[tuple[str, int], Any]:
+        """Starts the task; returns its key and the stream its ``up`` line comes on."""
+        read, write = os.pipe()
+        args = [json.dumps(self.spec), job, str(index)]
+        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
+            try:
+                self.procs[(job, index)] = start_process(self._forks, "harness.pss_server", args, self._env,
+                                                         null_in, write, null_out, name=f"{job}:{index}")
+            finally:
+                os.close(write)
+        return (job, index), os.fdopen(read, encoding="utf-8")
 
-    @staticmethod
-    def _wait_up(proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line == "up", f"a server did not start (exit {proc.poll()})"
+    def _wait_up(self, key: tuple[str, int], up: Any) -> None:
+        with up:
+            line = up.readline().strip()
+        assert line == "up", f"{key} did not start (exit {self.procs[key].poll()})"
 
     def kill(self, job: str, index: int) -> None:
         proc = self.procs[(job, index)]
@@ -75,7 +78,7 @@ class PSSCluster:
             self.kill(job, index)
         if new_port:
             self.spec[job][index] = f"127.0.0.1:{free_port()}"
-        self._wait_up(self._spawn(job, index))
+        self._wait_up(*self._spawn(job, index))
 
     def resolver(self) -> Any:
         return movable_resolver_class()(self)
@@ -85,6 +88,9 @@ class PSSCluster:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        self._forks.close()
+        self._log.close()
+        os.unlink(self._log.name)
 
 
 def fit_started() -> Any:

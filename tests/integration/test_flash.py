@@ -22,38 +22,20 @@ from tf_ecrec.flash.snapshots import FlashSnapshots
 cluster = tf_cluster(num_ps=4)
 
 
-def _run(target, seeds, tmp_path, enough=None, **kwargs):
-    """Runs the sequences of `seeds` in order, and stops early once `enough(stats, flash)` holds: the
-    coverage a test needs, reached by whichever seeds give it (the draws move when the harness gains a
-    failure kind), with every sequence run checked by the oracle."""
-    total, flash = None, flash_schedule.FlashStats()
-    for seed in seeds:
-        seq = flash_schedule.FlashSequence(target, seed, str(tmp_path / f"s{seed}"), **kwargs)
-        stats = seq.run()
-        if total is None:
-            total = stats
-        else:
-            total.add(stats)
-        for field in flash.__dataclass_fields__:
-            setattr(flash, field, getattr(flash, field) + getattr(seq.flash, field))
-        if enough is not None and enough(total, flash):
-            break
-    return total, flash
-
-
 def test_captures_and_losses_beyond_r_restore_exactly_from_memory(cluster, tmp_path):
     def enough(stats, flash):  # the sequences did what they are for
         return (flash.captures >= 4 and flash.captures_dropped >= 4 and flash.memory_restores >= 2
                 and flash.writes_cut >= 1 and stats.steps_ok >= 20 and stats.parity_checks >= 4)
 
-    stats, flash = _run(cluster.target("chief"), [11, 14, 15, 16, 17, 18], tmp_path, enough, k=2, r=1, num_ps=3,
-                        ticks=600)
+    stats, flash = flash_schedule.run_flash_sequences(cluster.target("chief"), [11, 14, 15, 16, 17, 18], tmp_path,
+                                                      enough, k=2, r=1, num_ps=3, ticks=600)
     assert stats.violations == []
     assert enough(stats, flash), (stats, flash)
 
 
 def test_two_plus_two_loses_three_and_restores_from_memory(cluster, tmp_path):
-    stats, flash = _run(cluster.target("chief"), [21], tmp_path, k=2, r=2, num_ps=4, ticks=500)
+    stats, flash = flash_schedule.run_flash_sequences(cluster.target("chief"), [21], tmp_path, k=2, r=2, num_ps=4,
+                                                      ticks=500)
     assert stats.violations == []
     assert flash.captures >= 2 and flash.memory_restores >= 1, flash
 
