@@ -30,6 +30,47 @@ def free_port() -> int:
     return pick()
 
 
+class ServerForks:
+    """Starts TF server processes (`harness.pss_server`) forked from one fork server, and waits for
+    each to serve.  ``plain``: a bare ``tf.distribute.Server`` (for facts of TensorFlow itself)."""
+
+    def __init__(self, plain: bool = False) -> None:
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.plain = plain
+        self._env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                     "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
+        self._log = tempfile.NamedTemporaryFile(prefix="pss-forkserver-", suffix=".log", delete=False)
+        self._forks = ForkServer(self._env, self._log.name)
+        self._forks.start()  # no server (no subreaper, TF_ECREC_FORKSERVER=0): each task imports on its own
+
+    def spawn(self, spec: dict[str, list[str]], job: str, index: int) -> tuple[Any, Any]:
+        """Starts the task; returns its process and the stream its ``up`` line comes on."""
+        read, write = os.pipe()
+        args = [json.dumps(spec), job, str(index), *(["plain"] if self.plain else [])]
+        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
+            try:
+                proc = start_process(self._forks, "harness.pss_server", args, self._env, null_in, write, null_out,
+                                     name=f"{job}:{index}")
+            finally:
+                os.close(write)
+        return proc, os.fdopen(read, encoding="utf-8")
+
+    @staticmethod
+    def wait_up(proc: Any, up: Any, what: str) -> None:
+        with up:
+            line = up.readline().strip()
+        assert line == "up", f"{what} did not start (exit {proc.poll()})"
+
+    def start(self, spec: dict[str, list[str]], job: str, index: int) -> Any:
+        """`spawn` and `wait_up`: the task's process, serving."""
+        proc, up = self.spawn(spec, job, index)
+        self.wait_up(proc, up, f"{job}:{index}")
+        return proc
+
+    def close(self) -> None:
+        self._forks.close()
+
+
 class PSSCluster:
     """``num_ps`` PS and ``num_workers`` worker processes; the caller is the chief (coordinator)."""
 
@@ -40,32 +81,13 @@ class PSSCluster:
             "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
         }
         self.procs: dict[tuple[str, int], Any] = {}  # subprocess.Popen, or forkserver.ForkedProcess
-        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self._env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-                     "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
-        self._log = tempfile.NamedTemporaryFile(prefix="pss-forkserver-", suffix=".log", delete=False)
-        self._forks = ForkServer(self._env, self._log.name)
-        self._forks.start()  # no server (no subreaper, TF_ECREC_FORKSERVER=0): each task imports on its own
-        started = [self._spawn(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))]
-        for key, up in started:
-            self._wait_up(key, up)
-
-    def _spawn(self, job: str, index: int) -> tuple[tuple[str, int], Any]:
-        """Starts the task; returns its key and the stream its ``up`` line comes on."""
-        read, write = os.pipe()
-        args = [json.dumps(self.spec), job, str(index)]
-        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
-            try:
-                self.procs[(job, index)] = start_process(self._forks, "harness.pss_server", args, self._env,
-                                                         null_in, write, null_out, name=f"{job}:{index}")
-            finally:
-                os.close(write)
-        return (job, index), os.fdopen(read, encoding="utf-8")
-
-    def _wait_up(self, key: tuple[str, int], up: Any) -> None:
-        with up:
-            line = up.readline().strip()
-        assert line == "up", f"{key} did not start (exit {self.procs[key].poll()})"
+        self._forks = ServerForks()
+        started = {}
+        for job in ("ps", "worker"):  # all forked first, then waited for: they start side by side
+            for i in range(len(self.spec[job])):
+                self.procs[(job, i)], started[(job, i)] = self._forks.spawn(self.spec, job, i)
+        for key, up in started.items():
+            self._forks.wait_up(self.procs[key], up, f"{key[0]}:{key[1]}")
 
     def kill(self, job: str, index: int) -> None:
         proc = self.procs[(job, index)]
@@ -78,7 +100,7 @@ class PSSCluster:
             self.kill(job, index)
         if new_port:
             self.spec[job][index] = f"127.0.0.1:{free_port()}"
-        self._wait_up(*self._spawn(job, index))
+        self.procs[(job, index)] = self._forks.start(self.spec, job, index)
 
     def resolver(self) -> Any:
         return movable_resolver_class()(self)
@@ -89,8 +111,6 @@ class PSSCluster:
                 proc.kill()
                 proc.wait()
         self._forks.close()
-        self._log.close()
-        os.unlink(self._log.name)
 
 
 def fit_started() -> Any:

@@ -6,21 +6,10 @@ cluster, which no other test of this process may inherit.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
+from typing import Any
 
 from harness.pss_cluster import exit_with
-
-SERVER = """
-import json, sys
-import tensorflow as tf
-spec, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index, protocol="grpc", start=True)
-print("up", flush=True)
-server.join()
-"""
 
 
 def _port() -> int:
@@ -29,16 +18,17 @@ def _port() -> int:
     return free_port()
 
 
-def _cluster(num_ps: int) -> tuple[dict[str, list[str]], dict[tuple[str, int], subprocess.Popen[str]], Callable[[str, int], None]]:
+def _cluster(num_ps: int) -> tuple[dict[str, list[str]], dict[tuple[str, int], Any], Callable[[str, int], None]]:
+    """Bare TF servers (no tf_ecrec in them), forked from one fork server (`harness.pss_cluster.ServerForks`)."""
+    from harness.pss_cluster import ServerForks
+
     spec = {"worker": [f"localhost:{_port()}"], "ps": [f"localhost:{_port()}" for _ in range(num_ps)],
             "chief": [f"localhost:{_port()}"]}
-    procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
+    procs: dict[tuple[str, int], Any] = {}
+    forks = ServerForks(plain=True)
 
     def start(job: str, index: int) -> None:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(spec), job, str(index)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        procs[(job, index)] = proc
+        procs[(job, index)] = forks.start(spec, job, index)
 
     start("worker", 0)
     for index in range(num_ps):
