@@ -63,6 +63,21 @@ def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str
     return report
 
 
+def _median_cpu(reports: list[dict], roles: tuple[str, ...] | None = None) -> float | None:
+    """The median over `reports` of CPU seconds per 1,000 samples (of `roles` only, if given)."""
+    values = []
+    for report in reports:
+        cpu = report.get("cpu") or {}
+        if roles is None:
+            value = cpu.get("cpu_seconds_per_1000_samples")
+        else:
+            by_role = cpu.get("cpu_seconds_per_1000_samples_by_role")
+            value = None if by_role is None else sum(by_role.get(role, 0.0) for role in roles)
+        if value is not None:
+            values.append(value)
+    return statistics.median(values) if values else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("throughput", "recovery"))
@@ -97,11 +112,20 @@ def main() -> int:
     print(f"\n{args.mode}: {' '.join(common)}; unprotected tables: {args.storage}; "
           f"{args.repeats} interleaved repeats, medians\n")
     if args.mode == "throughput":
-        print(f"| config | samples/s | ratio to {configs[0]} | seconds to finish (each run) |\n|---|---|---|---|")
+        # CPU seconds of every task per 1,000 samples in the steady window (tf_ecrec.launcher.cpu_usage):
+        # the protection's own cost, apart from how the shared cores were divided.
+        base_cpu = _median_cpu(results[configs[0]])
+        print(f"| config | samples/s | ratio to {configs[0]} | CPU-s per 1,000 samples (PS / trainers) | CPU ratio to "
+              f"{configs[0]} | seconds to finish (each run) |\n|---|---|---|---|---|---|")
         for name in configs:
             rate = statistics.median(r["samples_per_sec"] for r in results[name])
             finish = ", ".join(f"{r.get('finish_seconds') or 0:.1f}" for r in results[name])
-            print(f"| {name} | {rate:,.0f} | {rate / base:.3f} | {finish} |")
+            cpu = _median_cpu(results[name])
+            ps = _median_cpu(results[name], ("ps",))
+            trainers = _median_cpu(results[name], ("chief", "worker"))
+            cpu_cells = (f"{cpu:.4f} ({ps:.4f} / {trainers:.4f}) | {cpu / base_cpu:.3f}" if cpu and base_cpu
+                         else "n/a | n/a")
+            print(f"| {name} | {rate:,.0f} | {rate / base:.3f} | {cpu_cells} | {finish} |")
     else:
         print("| config | steps rolled back | seconds to resume | seconds to regain | samples/s (overall) |")
         print("|---|---|---|---|---|")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO, cli
 from harness.ports import free_port_block, free_ports
 from harness.procs import descendants, running, task_name
@@ -75,6 +76,12 @@ def test_checkpoint_mode_survives_a_ps_kill_and_reports_the_rollback(tmp_path):
     assert kinds[:3] == ["start", "kill", "restart"] and "resumed" in kinds and "regained" in kinds
     assert re.fullmatch(r"[0-9a-f]{64}", report["variables_sha256"])
     assert report["samples_per_sec"] > 0 and report["data"]["records_trained"] >= 600 * 256
+    # CPU per 1,000 samples over the steady window, from every task's /proc readings (the PS restart's too).
+    cpu = report["cpu"]
+    assert cpu["window_seconds"] > 0 and cpu["cpu_seconds_per_1000_samples"] > 0, cpu
+    assert set(cpu["cpu_seconds_by_role"]) == {"ps", "chief"}, cpu  # one trainer: the chief
+    assert cpu["cpu_seconds_per_1000_samples"] == pytest.approx(
+        sum(cpu["cpu_seconds_per_1000_samples_by_role"].values()), abs=1e-3), cpu
     assert os.path.getsize(os.path.join(model_dir, "report.png")) > 5000
     assert "rolled back" in result.stderr and "report:" in result.stderr
 

@@ -247,6 +247,12 @@ def throughput_series(timeline: Sequence[tuple[float, int, int]], t0: float, bin
     return [[round(i * bin_secs, 3), round(r / bin_secs, 1)] for i, r in enumerate(bins)]
 
 
+def warmup_step(steps: int) -> int:
+    """The global step from which a run of `steps` steps is in its steady state (its first tenth, at
+    most 200 steps, is warm-up)."""
+    return max(1, min(200, steps // 10))
+
+
 def steady_rates(
     timeline: Sequence[tuple[float, int, int]],
     events: Sequence[Event],
@@ -288,8 +294,7 @@ def build_report(
       failures: per kill or loss, ``{"task", "global_step", "records_in_flight"}``.
       memory: per task, ``[(t since launch, resident MB)]`` samples.
     """
-    warmup_step = max(1, min(200, job.steps // 10))
-    steady, effective = steady_rates(timeline, events, t0, warmup_step)
+    steady, effective = steady_rates(timeline, events, t0, warmup_step(job.steps))
     final_step = max([int(r.get("step", 0)) for r in done_reports.values()] + [0])
     recovery = recovery_entries(events, job.fault_tolerance.value, timeline, t0, memory)
     for entry in recovery:

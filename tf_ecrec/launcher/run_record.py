@@ -17,9 +17,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from tf_ecrec.launcher.cpu_usage import CpuMeter, cpu_section
 from tf_ecrec.launcher.events import Event, EventKind
 from tf_ecrec.launcher.process_table import TaskProcess
-from tf_ecrec.launcher.report import build_report, plot_throughput
+from tf_ecrec.launcher.report import build_report, plot_throughput, warmup_step
 from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.launcher.trainer_report import trainer_entries
 
@@ -51,6 +52,7 @@ class RunRecord:
         self.failures: list[dict[str, Any]] = []  # per kill/loss: records in flight when it hit
         self.memory: dict[str, list[tuple[float, float]]] = {}  # task -> [(t since launch, RSS MB)]
         self._memory_sampled = 0.0
+        self.cpu = CpuMeter()  # CPU seconds of the task processes (tf_ecrec.launcher.cpu_usage)
 
     def event(self, kind: EventKind, task: str, global_step: int, t: float | None = None, **extra: Any) -> None:
         """Records an event at `t` (default: now)."""
@@ -83,6 +85,10 @@ class RunRecord:
                 if mb is not None:
                     self.memory.setdefault(task.name, []).append((round(now - self.t0, 2), mb))
 
+    def sample_cpu(self, now: float, tasks: Iterable[TaskProcess]) -> None:
+        """Every `cpu_usage.CPU_SAMPLE_SECS`, the CPU seconds of every live task process."""
+        self.cpu.sample(now, [(t.name, t.process.pid) for t in tasks if t.alive and t.process is not None])
+
     def report(self, job: JobSpec, digest: dict[str, Any], data_state: Any) -> dict[str, Any]:
         """The run's report (fields: `tf_ecrec.launcher.report`; per trainer: `tf_ecrec.launcher.trainer_report`)."""
         report = build_report(
@@ -98,6 +104,7 @@ class RunRecord:
         )
         for entry, trainers in zip(report["recovery"], trainer_entries(self.events, self.trainer_steps, self.t0)):
             entry["trainers"] = trainers
+        report["cpu"] = cpu_section(self.cpu.series, self.timeline, warmup_step(job.steps))
         return report
 
 

@@ -233,6 +233,7 @@ class Supervisor:
                 diagnosis = self._exits.diagnose(task, -9 if code is None else code)
                 self._actions.crashed(task, 9, diagnosis.as_dict() | {"action": self._exits.act(task, diagnosis)})
             self._run.record.sample_memory(now, self._run.table.every_process())
+            self._run.record.sample_cpu(now, self._run.table.every_process())
             self._actions.drive(now)
             if self._driver is not None:
                 self._driver.drive(now)
