@@ -42,8 +42,9 @@ PRESETS = {
     "ckpt-30s": ["--fault-tolerance", "checkpoint", "--checkpoint-secs", "30"],
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
-    # The commit in the step's own run (TF_ECREC_COMMIT=in_step), against the default carried commit.
-    "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    # The opt-in carried commit (TF_ECREC_COMMIT=carried: a step's commit rounds run with the trainer's
+    # next step), against the default, the commit in the step's own run.
+    "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
@@ -58,7 +59,7 @@ def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str
     if "ecrec" not in flags:
         flags = [*flags, "--storage", storage]
     report = launched_job.run([*common, *flags], model_dir, name,
-                              env={"TF_ECREC_COMMIT": "in_step"} if name.endswith("-in-step") else None)
+                              env={"TF_ECREC_COMMIT": "carried"} if name.endswith("-carried") else None)
     print(f"  {name} #{index}: {report['samples_per_sec']:,.0f} samples/s", file=sys.stderr)
     return report
 
