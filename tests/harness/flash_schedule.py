@@ -254,7 +254,7 @@ def run_flash_sequences(target: str, seeds: list[int], tmp_path: Any, enough: An
     total, flash = fault_schedule.Stats(), FlashStats()
 
     def summed(seq: FlashSequence, stats: fault_schedule.Stats) -> tuple[fault_schedule.Stats, FlashStats]:  # the coverage of the sequences before and of the running one
-        both, both_flash = dataclasses.replace(total, violations=[]), dataclasses.replace(flash)
+        both, both_flash = dataclasses.replace(total, violations=list(total.violations)), dataclasses.replace(flash)
         both.add(stats)
         for field in flash.__dataclass_fields__:
             setattr(both_flash, field, getattr(flash, field) + getattr(seq.flash, field))
@@ -265,9 +265,7 @@ def run_flash_sequences(target: str, seeds: list[int], tmp_path: Any, enough: An
         # The sequence during which the coverage comes to hold stops its events there (then drains,
         # settles and is checked as any other).
         stats = seq.run(stop=None if enough is None else lambda current, seq=seq: enough(*summed(seq, current)))
-        violations = [*total.violations, *stats.violations]
         total, flash = summed(seq, stats)
-        total.violations = violations
         if enough is not None and enough(total, flash):
             break
     return total, flash

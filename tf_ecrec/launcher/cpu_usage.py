@@ -23,6 +23,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tf_ecrec.launcher.report import steady_window
+
 CPU_SAMPLE_SECS = 1.0
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -77,20 +79,18 @@ def cpu_section(series: Sequence[tuple[float, dict[str, float]]], timeline: Sequ
     out: dict[str, Any] = {"cpu_seconds": round(sum(total.values()), 2), "cpu_seconds_by_role": total,
                            "window_seconds": None, "cpu_seconds_per_1000_samples": None,
                            "cpu_seconds_per_1000_samples_by_role": None}
-    start = next((t for t, step, _ in sorted(timeline) if step >= warmup_step), None)
-    if start is None or not series:
+    window = steady_window(timeline, warmup_step)
+    if window is None or not series:
         return out
-    end = max(t for t, _, _ in timeline)
-    inside = [(t, totals) for t, totals in series if start <= t <= end]
+    inside = [(t, totals) for t, totals in series if window[0] <= t <= window[1]]
     if len(inside) < 2:
         return out
     (a, first), (b, last) = inside[0], inside[-1]
     records = sum(r for t, _, r in timeline if a < t <= b)
     if records <= 0:
         return out
-    by_role = {role: round((last.get(role, 0.0) - first.get(role, 0.0)) / records * 1000, 4) for role in last}
     out.update(window_seconds=round(b - a, 2),
-               cpu_seconds_per_1000_samples=round(sum(last.values()) - sum(first.values()), 4) / records * 1000,
-               cpu_seconds_per_1000_samples_by_role=by_role)
-    out["cpu_seconds_per_1000_samples"] = round(out["cpu_seconds_per_1000_samples"], 4)
+               cpu_seconds_per_1000_samples=round((sum(last.values()) - sum(first.values())) / records * 1000, 4),
+               cpu_seconds_per_1000_samples_by_role={
+                   role: round((last[role] - first.get(role, 0.0)) / records * 1000, 4) for role in last})
     return out

@@ -253,6 +253,12 @@ def warmup_step(steps: int) -> int:
     return max(1, min(200, steps // 10))
 
 
+def steady_window(timeline: Sequence[tuple[float, int, int]], warmup_step: int) -> tuple[float, float] | None:
+    """(first datagram at or past `warmup_step`, last datagram): the window of the steady-state figures."""
+    start = next((t for t, step, _ in sorted(timeline) if step >= warmup_step), None)
+    return None if start is None else (start, max(t for t, _, _ in timeline))
+
+
 def steady_rates(
     timeline: Sequence[tuple[float, int, int]],
     events: Sequence[Event],
@@ -260,10 +266,10 @@ def steady_rates(
     warmup_step: int,
 ) -> tuple[float, float]:
     """(steady-state, effective) records per second after warm-up; see the module docstring."""
-    start = next((t for t, step, _ in sorted(timeline) if step >= warmup_step), None)
-    if start is None or not timeline:
+    window = steady_window(timeline, warmup_step)
+    if window is None:
         return 0.0, 0.0
-    end = max(t for t, _, _ in timeline)
+    start, end = window
     records = sum(r for t, _, r in timeline if t > start)
     gaps = []
     for kill in (e for e in events if e.kind in ("kill", "crash")):
