@@ -129,3 +129,15 @@ def retry_on(*types: type[BaseException]) -> Callable[[BaseException], bool]:
     """Returns a ``retry_if`` predicate accepting instances of ``types``."""
     classes: tuple[type[BaseException], ...] = tuple(types)
     return lambda exc: isinstance(exc, classes)
+
+
+def duplicate_request(exc: BaseException) -> bool:
+    """True for TensorFlow's refusal of a gRPC call its transport retried after delivering it once.
+
+    A worker refuses a RunGraph whose request id it has seen (``AbortedError``, "The same RunGraph
+    (Worker) request was received twice"): the client retried a call that failed UNAVAILABLE in
+    transit although the worker had got it.  Under load this happens on loopback too.  Running the
+    same fetches again is then safe for idempotent ones only (reads, assigns of a fed value); the
+    callers that retry on it say so.
+    """
+    return type(exc).__name__ == "AbortedError" and "request was received twice" in str(exc)

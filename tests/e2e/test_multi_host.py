@@ -37,6 +37,7 @@ SCRIPT = os.path.join(REPO, "tests", "adoption", "fm_protected.py")
 DIGEST = os.path.join(REPO, "tests", "harness", "ps_digest.py")
 PORT = 2222
 TRAINERS = ("chief:0", "worker:0")
+SMALLEST_GRPC_CALL = 2 * 9 + 1 + 5  # bytes: see the zombie test
 
 
 @pytest.fixture
@@ -172,8 +173,11 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         # Nothing the job wrote once the zombie was back reached it: no new connection from a job host, on the
         # old ones not a byte beyond what was written before (the sender's own count, taken while the link
         # was down), not a change in any of its variables; its copy of the global step is from before the cut.
+        # Beyond that count, a connection may carry HTTP/2 frames the peer's own frames provoke (a PING ack, a
+        # WINDOW_UPDATE: 13-17 bytes; CI once saw 16), never a call: the smallest gRPC call is a HEADERS and a
+        # DATA frame (two 9-byte frame headers, at least 1 byte of header block, the 5-byte message prefix).
         later = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
-        assert all(p in queued and n <= queued[p] for p, n in later.items()), (queued, later)
+        assert all(p in queued and n - queued[p] < SMALLEST_GRPC_CALL for p, n in later.items()), (queued, later)
         assert _digest(net, job, model_dir, old_ps) == seen
         steps = {name: value for name, value in seen["scalars"].items() if "global_step" in name}
         assert steps, seen["scalars"]

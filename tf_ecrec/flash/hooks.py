@@ -216,10 +216,10 @@ class FlashCheckpointHook(tf.compat.v1.train.SessionRunHook):
         for commit in carried_commits(sess.graph):  # the chief's own last step, committed before the capture
             commit.flush(sess)
         self._snap.request(sess, epoch)
-        activity = self._park_all(sess, epoch)
-        parked_at = time.perf_counter()
         step = None
-        try:
+        try:  # released whatever happens once requested: parked trainers must not wait out their deadline
+            activity = self._park_all(sess, epoch)
+            parked_at = time.perf_counter()
             if activity is not None:
                 for listener in self._listeners:
                     listener.before_save(sess, self._last_step)

@@ -51,9 +51,18 @@ from tf_ecrec.flash.config import (
 )
 from tf_ecrec.ops import delta_log_pending
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS
+from tf_ecrec.retry import Retry, duplicate_request
 from tf_ecrec.steplog import feeds
 
 _LOG = logging.getLogger(__name__)
+
+# The gate, the slots and the capture are reads and assigns of fed values: run again when TF's transport
+# delivered a call twice (the round would otherwise be lost to a transport retry).
+_RERUN = Retry(max_tries=3, delay=0.05, deadline=60.0, retry_if=duplicate_request)
+
+
+def _rerun(sess: Any, fetches: Any, feed_dict: Any = None) -> Any:
+    return _RERUN(sess.run, fetches, feed_dict)
 
 
 def _ps_task(device: str) -> int | None:
@@ -219,21 +228,21 @@ class FlashSnapshots:
 
     def init_gate(self, sess: Any) -> None:
         """Creates the gate on PS 0 if it is not there (before trainers step: they read it every step)."""
-        if not sess.run(self._gate_ready):
-            sess.run(self._gate_init)
+        if not _rerun(sess, self._gate_ready):
+            _rerun(sess, self._gate_init)
 
     def request(self, sess: Any, epoch: int) -> None:
-        sess.run(self._request, feeds((self._epoch, epoch)))
+        _rerun(sess, self._request, feeds((self._epoch, epoch)))
 
     def release(self, sess: Any, epoch: int) -> None:
-        sess.run(self._release, feeds((self._epoch, epoch)))
+        _rerun(sess, self._release, feeds((self._epoch, epoch)))
 
     def park(self, sess: Any, trainer: int, epoch: int) -> None:
-        sess.run(self._park, feeds((self._trainer, trainer), (self._epoch, epoch)))
+        _rerun(sess, self._park, feeds((self._trainer, trainer), (self._epoch, epoch)))
 
     def parked(self, sess: Any) -> np.ndarray:
         """Every trainer's slot (ABSENT, PRESENT or the epoch it parked for)."""
-        return sess.run(self._parked_value)[: self.num_trainers]
+        return _rerun(sess, self._parked_value)[: self.num_trainers]
 
     def slots(self, sess: Any) -> tuple[np.ndarray, int]:
         """Every trainer's slot and `activity`, the count of writes to them, read at once.
@@ -242,11 +251,11 @@ class FlashSnapshots:
         stopped waiting for a release, it ended), so an unchanged count across the capture proves
         that no trainer stepped during it (the strict rounds of jobs without delta logs).
         """
-        value = sess.run(self._parked_value)
+        value = _rerun(sess, self._parked_value)
         return value[: self.num_trainers], int(value[self.num_trainers])
 
     def gate(self, sess: Any) -> tuple[int, int]:
-        requested, released = sess.run(self.gate_value)
+        requested, released = _rerun(sess, self.gate_value)
         return int(requested), int(released)
 
     # ---- a round ----------------------------------------------------------------------------------
@@ -254,10 +263,10 @@ class FlashSnapshots:
     def capture(self, sess: Any) -> int | None:
         """Copies every variable into its shadow; the global step of the copy, or None when a step was
         in flight (then the shadows hold nothing usable).  Hold the reconciler's lock around it."""
-        before = sess.run(self._before)
+        before = _rerun(sess, self._before)
         if any(len(v) for k, v in before.items() if k.startswith("pending")):
             return None
-        after = sess.run([self._copy, self._after])[1]
+        after = _rerun(sess, [self._copy, self._after])[1]
         if any(len(v) for k, v in after.items() if k.startswith("pending")) or after.get("step") != before.get("step"):
             return None
         return int(before.get("step", 0))
