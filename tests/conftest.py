@@ -15,6 +15,10 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness.ports import LAUNCHER_RANGE  # noqa: E402  (pyproject: pythonpath = tests)
+
+# Jobs launched by this xdist worker draw their ports from its own block (tf_ecrec.launcher.ports).
+os.environ["TF_ECREC_PORT_RANGE"] = LAUNCHER_RANGE
 
 # Per-test time limits by tier, in seconds: generous (a loaded 2-core machine runs the slowest e2e
 # test in about three minutes); a test that needs more says so with @pytest.mark.timeout.

@@ -36,7 +36,11 @@ def _block() -> range:
     return range(start, start + size)
 
 
-_BLOCK = _block()
+_WORKER_BLOCK = _block()
+# The lower half for the harness's own picks, the upper half for the jobs the launcher starts
+# (tf_ecrec.launcher.ports draws from TF_ECREC_PORT_RANGE, which tests/conftest.py sets to it).
+_BLOCK = range(_WORKER_BLOCK.start, _WORKER_BLOCK.start + len(_WORKER_BLOCK) // 2)
+LAUNCHER_RANGE = f"{_BLOCK.stop}-{_WORKER_BLOCK.stop - 1}"
 # A random starting point: the fresh interpreters a test starts pick from the same block.
 _CURSOR = itertools.islice(itertools.cycle(_BLOCK), random.randrange(len(_BLOCK)), None)
 
