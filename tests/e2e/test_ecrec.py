@@ -29,7 +29,11 @@ def _assert_every_trainer_back(report, trainers=("chief:0", "worker:0")):
     step datagrams, with at most two sessions (its first one may predate the chief's recovery).  How soon is a
     target measured in benchmarks/ and reported (`seconds_to_first_step`), not a wall-clock bound here: a
     session teardown inside TensorFlow can hold a trainer 10-47 s (tf_ecrec/failover.py's module doc)."""
+    batch = report["config"]["batch_size"]
     for rec in report["recovery"]:
+        # The job's cost of the failure, in seconds of its own rate: at least the steps it took back.
+        taken_back = (rec["steps_rolled_back"] or 0) + rec["steps_undone"]
+        assert rec["training_seconds_lost"] is not None and rec["samples_lost"] >= taken_back * batch, rec
         per = rec["trainers"]
         assert sorted(per) == sorted(trainers), per
         for task, cost in per.items():

@@ -63,6 +63,14 @@ def summary(report: dict[str, Any], path: str) -> str:
             f"({r['steps_rolled_back']} steps rolled back), resumed after {r['seconds_to_resume']:.1f} s, "
             f"regained step {r['killed_at_step']} {regained}"
         )
+        if r.get("training_seconds_lost") is not None:
+            back = (f"back to its rate after {r['seconds_to_rate']:.1f} s" if r["back"]
+                    else "not back to its rate before the next failure or the end (a lower bound)")
+            per = ", ".join(f"{task} {t['samples_per_sec_before'] or 0:,.0f} -> {t['samples_per_sec_after'] or 0:,.0f}"
+                            for task, t in sorted((r.get("trainers") or {}).items()))
+            lines.append(f"    training lost: {r['training_seconds_lost']:.1f} s of the job's "
+                         f"{r['samples_per_sec_before']:,.0f} samples/s, {back}"
+                         + (f"; samples/s per trainer before -> after: {per}" if per else ""))
         if r.get("method") == "parity" and r.get("window_seconds") is not None:
             chief = r.get("memory_mb_in_window", {}).get("chief:0")
             rate = r.get("rebuild_gb_per_sec")

@@ -47,7 +47,9 @@ Field names are stable (other tools read them):
     ``rebuild_gb_per_sec`` (``bytes_rebuilt`` over ``rebuild_seconds``),
     and per task ``memory_mb_before`` (peak resident MB in the 30 s before
     the kill) and ``memory_mb_in_window`` (peak in the window, +2 s);
-    ``trainers``: per trainer, what the failure cost it (`tf_ecrec.launcher.trainer_report`).
+    ``trainers``: per trainer, what the failure cost it (`tf_ecrec.launcher.trainer_report`);
+    ``training_seconds_lost``, ``samples_lost``, ``seconds_to_rate``, ``back``, ``samples_per_sec_before``:
+    what it cost the job in seconds of its pre-failure training (`tf_ecrec.launcher.failure_cost`).
 ``settlement``
     over the run, the steps a failure cut that settlement undid
     (``steps_undone``: their updates removed, their records retrained) or

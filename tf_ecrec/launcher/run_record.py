@@ -19,6 +19,7 @@ from typing import Any
 
 from tf_ecrec.launcher.cpu_usage import CpuMeter, cpu_section
 from tf_ecrec.launcher.events import Event, EventKind
+from tf_ecrec.launcher.failure_cost import failure_costs
 from tf_ecrec.launcher.process_table import TaskProcess
 from tf_ecrec.launcher.report import build_report, plot_throughput, warmup_step
 from tf_ecrec.launcher.spec import JobSpec
@@ -104,6 +105,10 @@ class RunRecord:
         )
         for entry, trainers in zip(report["recovery"], trainer_entries(self.events, self.trainer_steps, self.t0)):
             entry["trainers"] = trainers
+        taken_back = [(e.get("steps_rolled_back") or 0) + (e.get("steps_undone") or 0) for e in report["recovery"]]
+        for entry, cost in zip(report["recovery"], failure_costs(self.events, self.trainer_steps, self.t0, taken_back,
+                                                                  job.batch_size)):
+            entry.update(cost)
         report["cpu"] = cpu_section(self.cpu.series, self.timeline, warmup_step(job.steps))
         return report
 

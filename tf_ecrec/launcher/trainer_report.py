@@ -26,7 +26,7 @@ moment share one span, as in `tf_ecrec.launcher.report.recovery_entries`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tf_ecrec.launcher.events import Event
 
@@ -45,31 +45,42 @@ def trainer_entries(events: Sequence[Event], steps: Mapping[str, Sequence[tuple[
       t0: the launch's wall time.
       end: the end of the run, seconds since `t0` (default: the last event or datagram).
     """
-    spans = _spans(events)
     own = {task: [(t - t0, r) for t, r in series] for task, series in steps.items() if task.startswith(TRAINER_PREFIXES)}
     last = max([e.t for e in events] + [t for series in own.values() for t, _ in series] + [0.0])
     stop = last if end is None else end
     out = []
     since = 0.0  # the rate before a failure starts after the previous one was over
-    for kill, until in spans:
-        until = min(until, stop)
-        whole = next((e.t for e in events if e.kind == "recovered" and kill.t < e.t <= until), None)
-        resumed = next((e.t for e in events if e.kind == "resumed" and e.task == kill.task and e.t > kill.t), None)
-        out.append({task: _trainer(task, series, events, kill.t, until, since, whole) for task, series in sorted(own.items())})
-        since = max(t for t in (kill.t, whole, resumed) if t is not None)
+    for span in failure_spans(events):
+        until = min(span.until, stop)
+        out.append({task: _trainer(task, series, events, span.kill.t, until, since, span.whole)
+                    for task, series in sorted(own.items())})
+        since = span.over
     return out
 
 
-def _spans(events: Sequence[Event]) -> list[tuple[Event, float]]:
-    """Each kill or crash with the end of its span (the next failure after the job resumed from it)."""
+class Span(NamedTuple):
+    """A failure's span: its kill or crash, the next failure after the job resumed from it (``until``),
+    the chief's report that the model is whole in between (``whole``), and when the failure was over
+    (``over``: the latest of the kill, ``whole`` and the killed task's resumption)."""
+
+    kill: Event
+    until: float
+    whole: float | None
+    over: float
+
+
+def failure_spans(events: Sequence[Event]) -> list[Span]:
+    """Each kill or crash event's `Span`, in event order."""
     out = []
     for i, kill in enumerate(events):
         if kill.kind not in ("kill", "crash"):
             continue
         later = events[i + 1 :]
-        resumed = next((e.t for e in later if e.kind == "resumed" and e.task == kill.task), float("inf"))
-        until = next((e.t for e in later if e.kind in ("kill", "crash") and e.t > resumed), float("inf"))
-        out.append((kill, until))
+        resumed = next((e.t for e in later if e.kind == "resumed" and e.task == kill.task), None)
+        until = next((e.t for e in later if e.kind in ("kill", "crash") and e.t > (resumed or float("inf"))),
+                     float("inf"))
+        whole = next((e.t for e in later if e.kind == "recovered" and e.t <= until), None)
+        out.append(Span(kill, until, whole, max(t for t in (kill.t, whole, resumed) if t is not None)))
     return out
 
 
