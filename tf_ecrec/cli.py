@@ -80,7 +80,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         metavar="TASK@step=N",
         help="SIGKILL TASK (ps:I, worker:I, chief:0, master) at global step N and restart it; repeatable",
     )
-    p.add_argument("--restart-delay", type=float, default=2.0, help="seconds between a kill and the restart")
+    p.add_argument("--restart-delay", type=float, default=2.0,
+                   help="seconds between a kill and the restart; inf: never restarted (a spare, if any, takes over)")
+    p.add_argument("--ps-wait", type=float, default=120.0, metavar="SECS",
+                   help="how long trainers wait for a lost PS (or its replacement) with no step completed before "
+                   "they fail with a RecoveryError naming it")
     p.add_argument("--ps-memory-mb", type=int, default=None,
                    help="each PS in its own memory cgroup with this limit; a PS killed at it is restarted with more")
     p.add_argument("--oom-growth", type=float, default=1.5, help="the limit of a PS restarted after an OOM, times this")
@@ -213,6 +217,7 @@ def _run(args: argparse.Namespace) -> int:
         rebuild_slice_mb=args.rebuild_slice_mb,
         rebuild_share=args.rebuild_share,
         session_timeout=args.session_timeout,
+        ps_wait=args.ps_wait,
         base_port=args.base_port,
         master=args.master,
         master_address=args.master_address,

@@ -98,6 +98,7 @@ from typing import Any
 from tf_ecrec.cluster_source import ClusterSource, read_view
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
+from tf_ecrec.master.rate_limited_log import RepeatFilter
 from tf_ecrec.migration import ClusterSourceMigrationHook
 from tf_ecrec.ps_session import live_session_config, session_cluster, session_config
 from tf_ecrec.step_program import StepGeneration
@@ -127,7 +128,10 @@ class FailoverLoop:
         ``RunConfig(session_config=...)``.
       source: where the PS tasks are now.
       session_timeout_secs: operation timeout of the sessions.
-      wait_secs: how long WAIT waits for every PS task to be alive.
+      wait_secs: how long a PS may stay gone: WAIT waits that long for every PS task to be alive,
+        and TRAIN gives up after that long with a PS listed as not alive at the source and no step
+        completed (`tf_ecrec.migration.ClusterSourceMigrationHook`'s ``give_up_secs``: TensorFlow
+        re-creates failed sessions inside ``Estimator.train`` for ever); both raise RecoveryError.
       max_failovers: WAITs allowed in a row without a completed step
         between them (a job that keeps training may fail over any number
         of times; one that never gets a step done gives up).
@@ -166,6 +170,7 @@ class FailoverLoop:
         self.estimator: Any = None
         self._lock = threading.Lock()  # self.cluster: the poller retargets it while TRAIN runs
         self._live_config: Any = None
+        self._migration: ClusterSourceMigrationHook | None = None  # the hook of the Estimator training now
 
     def _enter(self, state: State, reason: str) -> State:
         self.history.append((time.time(), state, reason))
@@ -186,6 +191,24 @@ class FailoverLoop:
         import tensorflow as tf
 
         session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError)
+        # MonitoredSession logs each failed session creation, tens a second for a PS that is down: one in 30 s.
+        quiet = RepeatFilter(("An error was raised while a session was being created",
+                              "An error was raised while considering whether the session is complete"))
+        tf.get_logger().addFilter(quiet)
+        try:
+            self._train(input_fn, max_steps, hooks, saving_listeners, session_errors)
+        except BaseException:
+            # The migration hook gave up on a gone PS by interrupting this thread; the interrupt lands wherever
+            # the thread was (a KeyboardInterrupt, or a RuntimeError from inside TensorFlow's bindings).
+            gave_up = self._migration.gave_up if self._migration is not None else None
+            if gave_up is not None:
+                raise gave_up from None
+            raise
+        finally:
+            tf.get_logger().removeFilter(quiet)
+
+    def _train(self, input_fn: Callable[[], Any], max_steps: int | None, hooks: Sequence[Any],
+               saving_listeners: Sequence[Any] | None, session_errors: tuple[type[BaseException], ...]) -> None:
         failovers = 0
         state = self._enter(State.BUILD, f"start at PS {list(self.cluster.ps_addresses)}")
         migration: Any = None
@@ -197,9 +220,9 @@ class FailoverLoop:
                 with tf_config_env(built):
                     self.estimator = self._build(built, config)
                 self._live_config = live_session_config(self.estimator, config)
-                migration = ClusterSourceMigrationHook(
-                    self._source, built.ps_addresses, poll_secs=self._poll,
-                    retarget=self._retarget if self._live_config is not None else None,
+                migration = self._migration = ClusterSourceMigrationHook(
+                    self._source, built.ps_addresses, poll_secs=self._poll, give_up_secs=self._wait_secs,
+                    retarget=self._retarget if self._live_config is not None else None, task=self.cluster.task,
                 )
                 state = self._enter(State.TRAIN, "estimator built")
             elif state is State.TRAIN:

@@ -24,8 +24,10 @@ poll the job master's ``ps_version`` or watch a membership backend are in
 
 from __future__ import annotations
 
+import _thread
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -33,7 +35,7 @@ import tensorflow as tf
 
 from tf_ecrec.cluster_source import ClusterSource, read_view
 from tf_ecrec.embedding import current_context
-from tf_ecrec.errors import ConfigError, EcRecError
+from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
 from tf_ecrec.step_program import StepGeneration
 
@@ -156,6 +158,13 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
       expected_ps: The PS addresses the session was built for.
       poll_secs: Seconds between polls.
       warn_every_secs: Minimum seconds between "not polled" warnings.
+      give_up_secs: how long a PS may stay gone (the source lists it as not alive) with no step
+        completed meanwhile before the hook gives up (None: never).  TensorFlow's MonitoredSession
+        re-creates a session that fails for a PS that is down for ever, inside ``Estimator.train``;
+        giving up interrupts the training thread (the main one: the hook gives up only when it was
+        begun there) and leaves ``gave_up``, a `RecoveryError` naming the PS, for the caller to raise
+        (`tf_ecrec.failover.FailoverLoop` does).  The first poll that finds a PS gone says which,
+        and for how long the hook waits.
       retarget: ``retarget(addresses, version, steps)`` points the sessions
         TensorFlow creates from now on at the PS `addresses` (the failover
         loop writes them into the live session ConfigProto); `version` is the
@@ -170,11 +179,12 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
 
     Attributes:
       retargets: Moves followed in place so far.
+      gave_up: the `RecoveryError` the hook gave up with (None until then).
     """
 
     def __init__(self, source: ClusterSource, expected_ps: Sequence[str], *, poll_secs: float = 1.0,
-                 warn_every_secs: float = 30.0,
-                 retarget: Retarget | None = None) -> None:
+                 warn_every_secs: float = 30.0, give_up_secs: float | None = None,
+                 retarget: Retarget | None = None, task: str = "this trainer") -> None:
         if source is None or expected_ps is None:
             raise ConfigError("ClusterSourceMigrationHook needs source= and expected_ps= (the PS addresses the "
                               "session uses)")
@@ -184,11 +194,25 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         self._retarget = retarget
         self._steps: StepGeneration | None = None
         self.retargets = 0
+        if give_up_secs is not None and give_up_secs <= 0:
+            raise ConfigError(f"ClusterSourceMigrationHook give_up_secs={give_up_secs}; rule: > 0 or None")
+        self._give_up_secs = give_up_secs
+        self._task = task
+        self._on_main_thread = False
+        self._gone_since: float | None = None  # monotonic: when the polls first found a PS gone
+        self._last_step = time.monotonic()
+        self.gave_up: RecoveryError | None = None
 
     def begin(self) -> None:
         context = current_context()  # the graph being trained; its steps follow a retarget
         self._steps = context.steps if context is not None else None
+        self._on_main_thread = threading.current_thread() is threading.main_thread()
+        self._last_step = time.monotonic()
         super().begin()
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        self._last_step = time.monotonic()
+        super().after_run(run_context, run_values)
 
     def _run_poller(self) -> None:
         while not self._stop.is_set():
@@ -198,6 +222,10 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
                 self._unreachable.warning("PS addresses not polled: %s", exc)
             else:
                 now = view.addresses
+                if not all(now) and self._waited_too_long(now):
+                    return
+                if all(now):
+                    self._gone_since = None
                 if all(now) and list(now) != self._expected_ps:
                     _LOG.info("PS tasks moved from %s to %s (cluster version %s)", self._expected_ps, now,
                               "not published" if view.version is None else view.version)
@@ -206,6 +234,29 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
                         self._changed_to()
                         return
             self._stop.wait(self._poll_secs)
+
+    def _waited_too_long(self, now: Sequence[str | None]) -> bool:
+        """Notes a poll that found PS tasks gone; True once the hook gave up on them (see give_up_secs)."""
+        gone = [f"ps:{i}" for i, address in enumerate(now) if not address]
+        at = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = at
+            bound = "for ever" if self._give_up_secs is None else f"up to {self._give_up_secs:.0f} s"
+            _LOG.warning("%s: %s gone (the cluster source lists %s as not alive); waiting %s for %s or a "
+                         "replacement", self._task, ", ".join(gone), "it" if len(gone) == 1 else "them", bound,
+                         "it" if len(gone) == 1 else "them")
+        if self._give_up_secs is None or not self._on_main_thread:
+            return False
+        waited = at - max(self._gone_since, self._last_step)
+        if waited < self._give_up_secs:
+            return False
+        self.gave_up = RecoveryError(
+            f"{self._task}: {', '.join(gone)} gone for {at - self._gone_since:.1f} s with no step completed in the "
+            f"last {waited:.1f} s (the bound: {self._give_up_secs:g} s); restart {'it' if len(gone) == 1 else 'them'} "
+            "(same or new address), add a spare PS, or raise the wait; source: the cluster source")
+        _LOG.error("%s", self.gave_up)
+        _thread.interrupt_main()  # out of MonitoredSession's session re-creation loop; the caller raises gave_up
+        return True
 
     def _retarget_to(self, addresses: list[str], version: int | None) -> bool:
         """Points new sessions at `addresses`; False if that failed (then the session is stopped)."""

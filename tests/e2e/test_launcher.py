@@ -167,3 +167,24 @@ def test_the_example_runs_as_a_plain_estimator_script_under_tf_config(tmp_path):
     finally:
         procs["ps"].kill()
         procs["ps"].wait()
+
+
+def test_a_ps_that_never_comes_back_is_named_by_every_trainer_which_gives_up_after_its_wait(tmp_path):
+    """Issue 33: no spare and no restart (--restart-delay inf): each trainer says which PS is gone and for how
+    long it waits, keeps its log quiet meanwhile, and fails after --ps-wait with a RecoveryError naming it."""
+    model_dir = str(tmp_path / "gone")
+    result = cli("run", "--model-dir", model_dir, "--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3",
+                 "--workers", "2", "--steps", "100000", "--kill", "ps:1@step=150", "--restart-delay", "inf",
+                 "--ps-wait", "15", *SMALL)
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "RecoveryError" in result.stderr and "ps:1 gone for" in result.stderr, result.stderr[-3000:]
+    for trainer in ("chief-0", "worker-0"):  # evidence from each trainer's own log
+        with open(os.path.join(model_dir, "logs", f"{trainer}.log"), encoding="utf-8") as fh:
+            log = fh.read()
+        waited = re.search(r"ps:1 gone for ([\d.]+) s with no step completed in the last ([\d.]+) s \(the bound: 15 s\)",
+                           log)
+        assert waited and float(waited.group(2)) >= 15, (trainer, log[-3000:])
+        assert "ps:1 gone (the cluster source lists it as not alive); waiting up to 15 s" in log, trainer
+        # MonitoredSession's re-creations are logged once per 30 s, not each time (tens a second).
+        retries = log.count("An error was raised while a session was being created")
+        assert retries <= 2 + float(waited.group(1)) / 30, (trainer, retries)

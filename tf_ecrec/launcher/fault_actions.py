@@ -61,6 +61,8 @@ class FaultActions:
                 if task.cluster.task_type == "ps" and self._run.job.restart_at is RestartAt.NEW_PORT:
                     self._move(task)
                 self._run.start(task, kind=EventKind.RESTART)
+                if task.cluster.task_type == "ps" and self._run.job.restart_at is RestartAt.SAME:
+                    self._run.write_cluster_file()  # alive again, at its old address
                 self._run.faults.restarted(fault)
                 self._run.console.print(f"restarted {task.name} at {task.cluster.address}")
 
@@ -93,8 +95,10 @@ class FaultActions:
         self._run.faults.hit(fault, self._run.global_step)
         self._run.event(kind, task.name, **extra)
         self._run.console.print(message)
-        if task.cluster.task_type == "ps" and not self._take_over(task, fault) and self._run.job.restart_at is RestartAt.NEW_PORT:
-            self._run.write_cluster_file(down=task.name)  # listed as down until it restarts at its new port
+        if task.cluster.task_type == "ps" and not self._take_over(task, fault):
+            # Listed as down until it restarts (at its old address or a new one): trainers say which PS they
+            # wait for, and give up after --ps-wait if it never comes (--restart-delay inf).
+            self._run.write_cluster_file(down=task.name)
 
     def _kill_master(self, fault: Fault) -> None:
         assert self._run.master is not None

@@ -121,6 +121,7 @@ class JobSpec:
     rebuild_slice_mb: float = 16.0
     rebuild_share: float = 1.0
     session_timeout: float = 10.0
+    ps_wait: float = 120.0
     base_port: int = 0
     master: bool = True
     master_address: str | None = None
@@ -188,6 +189,7 @@ class JobSpec:
             "--spare-ps",
         )
         _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
+        _check(0 < self.ps_wait < float("inf"), f"--ps-wait {self.ps_wait} must be > 0 and finite", "--ps-wait")
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")
         _check(0 < self.rebuild_share <= 1, f"--rebuild-share {self.rebuild_share} must be in (0, 1]", "--rebuild-share")
         _check(0 <= self.base_port < 65536 - 64, f"--base-port {self.base_port} must be 0 (pick free ports) or a port", "--base-port")

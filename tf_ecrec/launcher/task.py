@@ -241,7 +241,8 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         from tf_ecrec.failover import FailoverLoop
 
         runner = FailoverLoop(
-            cluster, build, ps_source, session_timeout_secs=job.session_timeout, on_transition=_report_failover(cluster)
+            cluster, build, ps_source, session_timeout_secs=job.session_timeout, wait_secs=job.ps_wait,
+            on_transition=_report_failover(cluster),
         )
     try:
         runner.train(

@@ -1,0 +1,97 @@
+"""A PS that never comes back: the migration hook says which, waits its bound, then gives up (pure logic;
+the launched job that never restarts a PS is tests/e2e/test_launcher.py's --restart-delay inf test)."""
+
+import threading
+import time
+
+import pytest
+
+from tf_ecrec.errors import RecoveryError
+from tf_ecrec.migration import ClusterSourceMigrationHook
+
+
+class _Source:
+    def __init__(self, addresses):
+        self.addresses = list(addresses)
+
+    def ps_addresses(self):
+        return list(self.addresses)
+
+
+class _Context:
+    def request_stop(self):
+        raise AssertionError("no stop expected")
+
+
+def _spin(seconds, hook=None):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if hook is not None:
+            hook.after_run(_Context(), None)  # a step completed
+        time.sleep(0.01)
+
+
+def test_a_ps_gone_past_the_bound_with_no_step_interrupts_the_training_thread_with_its_name(caplog):
+    hook = ClusterSourceMigrationHook(_Source(["h:1", ""]), ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.3,
+                                      task="worker:0")
+    started = time.monotonic()
+    hook.begin()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _spin(20)
+    finally:
+        hook.end(None)
+    assert 0.3 <= time.monotonic() - started < 20
+    assert isinstance(hook.gave_up, RecoveryError)
+    assert "worker:0: ps:1 gone for" in str(hook.gave_up) and "(the bound: 0.3 s)" in str(hook.gave_up)
+    assert any("ps:1 gone" in r.getMessage() and "waiting up to" in r.getMessage() for r in caplog.records)
+
+
+def test_steps_or_the_ps_coming_back_keep_the_hook_waiting():
+    source = _Source(["h:1", ""])
+    hook = ClusterSourceMigrationHook(source, ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.3)
+    hook.begin()
+    try:
+        _spin(1.0, hook)  # steps complete (the PS is not needed by them): no giving up
+        assert hook.gave_up is None
+        source.addresses = ["h:1", "h:2"]  # back at its address
+        _spin(1.0)
+        assert hook.gave_up is None and hook.migration is None
+    finally:
+        hook.end(None)
+
+
+def test_off_the_main_thread_the_hook_only_says_which_ps_is_gone(caplog):
+    hook = ClusterSourceMigrationHook(_Source(["", "h:2"]), ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.1)
+    worker = threading.Thread(target=hook.begin)
+    worker.start()
+    worker.join()
+    try:
+        _spin(0.6)
+    finally:
+        hook.end(None)
+    assert hook.gave_up is None
+    assert any("ps:0 gone" in r.getMessage() for r in caplog.records)
+
+
+def test_a_bound_must_be_positive():
+    from tf_ecrec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give_up_secs=0"):
+        ClusterSourceMigrationHook(_Source(["h:1"]), ["h:1"], give_up_secs=0)
+
+
+def test_the_repeat_filter_lets_one_record_through_per_period_and_counts_the_rest():
+    import logging
+
+    from tf_ecrec.master.rate_limited_log import RepeatFilter
+
+    now = [0.0]
+    quiet = RepeatFilter(("An error was raised",), every_secs=30.0, clock=lambda: now[0])
+    record = lambda msg: logging.LogRecord("tensorflow", logging.INFO, __file__, 1, msg, (), None)  # noqa: E731
+    assert quiet.filter(record("An error was raised while a session was being created. Error: %s"))
+    assert not any(quiet.filter(record("An error was raised again")) for _ in range(40))
+    assert quiet.filter(record("Graph was finalized."))  # anything else passes
+    now[0] = 31.0
+    later = record("An error was raised, later")
+    assert quiet.filter(later) and "(40 more like it in the last 30 s, not shown)" in later.msg
