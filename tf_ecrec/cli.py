@@ -90,8 +90,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oom-growth", type=float, default=1.5, help="the limit of a PS restarted after an OOM, times this")
     p.add_argument("--hang-secs", type=float, default=300.0,
                    help="kill and restart a trainer with no step for this long while others train (0: off)")
-    p.add_argument("--inject", action="append", default=[], metavar="oom:ps:I@step=N|hang:worker:I@step=N",
-                   help="at step N make a PS run out of memory, or freeze a trainer (SIGSTOP); repeatable")
+    p.add_argument("--ps-hang-secs", type=float, default=0.0, metavar="SECS",
+                   help="kill a PS that answered the launcher's probe and then nothing for this long (hung, "
+                   "stopped, cut off), then restart it or give its role to a spare (0: off)")
+    p.add_argument("--inject", action="append", default=[], metavar="oom:ps:I@step=N|hang:TASK@step=N",
+                   help="at step N make a PS run out of memory, or freeze a task (SIGSTOP: a trainer with --hang-secs, a PS "
+                   "with --ps-hang-secs); repeatable")
     p.add_argument(
         "--restart-at",
         default="same",
@@ -200,6 +204,7 @@ def _run(args: argparse.Namespace) -> int:
         ps_memory_mb=args.ps_memory_mb,
         oom_growth=args.oom_growth,
         hang_secs=args.hang_secs,
+        ps_hang_secs=args.ps_hang_secs,
         injections=tuple(args.inject),
         min_workers=args.min_workers,
         max_workers=args.max_workers,

@@ -43,6 +43,8 @@ def test_injections_parse_and_bad_ones_are_refused_by_name():
     {"ps_memory_mb": 10},
     {"oom_growth": 1.0},
     {"hang_secs": -1},
+    {"ps_hang_secs": -1},
+    {"ps_hang_secs": float("inf")},
     {"injections": ("oom:ps:1@step=5",)},  # no memory limit
     {"injections": ("oom:worker:0@step=5",), "ps_memory_mb": 512},
     {"injections": ("hang:ps:0@step=5",)},
@@ -56,7 +58,8 @@ def test_the_launcher_refuses_limits_and_injections_it_cannot_honour(kwargs):
 
 
 def test_a_job_with_limits_and_injections_round_trips():
-    job = JobSpec(ps_memory_mb=512, oom_growth=2.0, hang_secs=5, injections=("oom:ps:1@step=40", "hang:worker:0@step=60"))
+    job = JobSpec(ps_memory_mb=512, oom_growth=2.0, hang_secs=5, ps_hang_secs=3,
+                  injections=("oom:ps:1@step=40", "hang:worker:0@step=60", "hang:ps:0@step=70"))
     assert JobSpec.from_json(job.to_json()) == job
 
 

@@ -65,3 +65,11 @@ def test_training_time_overhead_combines_the_steady_cost_and_the_failures():
     assert training_time_overhead(90.0, 100.0, 3600.0, 3600.0) == float("inf")
     with pytest.raises(ValueError):
         training_time_overhead(0.0, 100.0, 1.0, 3600.0)
+
+
+def test_a_ps_killed_for_its_silence_failed_at_its_last_answer():
+    steps = {"chief:0": _steady(1000, 0, 60, gaps=[(27, 35)])}
+    events = _events(30, 35, 60)
+    events[1].extra["diagnosis"] = {"kind": "hang", "silent_seconds": 3.0}  # silent from t=27, killed at 30
+    [cost] = failure_costs(events, steps, T0, taken_back=[0], batch_size=100)
+    assert cost["training_seconds_lost"] == pytest.approx(8.0, abs=0.6)

@@ -55,13 +55,18 @@ class Diagnosis:
     kind: ExitKind
     code: int
     detail: str
+    silent_seconds: float | None = None  # a PS killed for its silence: since its last answer
 
     @property
     def signal_name(self) -> str | None:
         return signal_name(-self.code) if self.code < 0 else None
 
     def as_dict(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "code": self.code, "signal": self.signal_name, "detail": self.detail}
+        out: dict[str, object] = {"kind": self.kind.value, "code": self.code, "signal": self.signal_name,
+                                  "detail": self.detail}
+        if self.silent_seconds is not None:
+            out["silent_seconds"] = round(self.silent_seconds, 3)
+        return out
 
 
 def signal_name(signum: int) -> str:
@@ -147,6 +152,8 @@ def validate(job: Any) -> None:
         raise ConfigError(f"--oom-growth {job.oom_growth!r}; rule: > 1; source: {source}")
     if not job.hang_secs >= 0:
         raise ConfigError(f"--hang-secs {job.hang_secs!r}; rule: >= 0 (0: off); source: {source}")
+    if not 0 <= job.ps_hang_secs < float("inf"):
+        raise ConfigError(f"--ps-hang-secs {job.ps_hang_secs!r}; rule: >= 0 and finite (0: off); source: --ps-hang-secs")
     for text in job.injections:
         kind, spec = parse_injection(text)
         sizes = {"ps": job.ps, "worker": job.workers - 1, "chief": 1}
@@ -155,7 +162,10 @@ def validate(job: Any) -> None:
         if kind == "oom" and (spec.task_type != "ps" or job.ps_memory_mb is None):
             raise ConfigError(f"--inject {text}: an OOM is injected into a PS with a memory limit (--ps-memory-mb); "
                               "source: --inject")
-        if kind == "hang" and (spec.task_type == "ps" or not job.hang_secs):
+        if kind == "hang" and spec.task_type == "ps" and not job.ps_hang_secs:
+            raise ConfigError(f"--inject {text}: a hang is injected into a PS with --ps-hang-secs > 0 (else nothing "
+                              "ends it); source: --inject")
+        if kind == "hang" and spec.task_type != "ps" and not job.hang_secs:
             raise ConfigError(f"--inject {text}: a hang is injected into a trainer, with --hang-secs > 0; source: --inject")
 
 

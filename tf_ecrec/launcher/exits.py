@@ -11,6 +11,10 @@
   waiting for its next file or for the rest of a shard, the data's tail) waits for records, which
   is not a hang: its clock starts again when records come.  A trainer that holds a lease stays
   watched: a hung one holding the last records is what leaves nothing to lease.
+- **Silent PS** (``--ps-hang-secs S``, 0: off): a PS that answered the launcher's probe since it
+  started (`tf_ecrec.launcher.ps_probe`) and then answered nothing for S seconds (hung, stopped,
+  cut off: a live process the trainers would wait on until their session timeout) is killed, and
+  then restarted or replaced by a spare as any PS that died, the report naming why.
 - **Injections** (``--inject oom:ps:I@step=N``, ``--inject hang:worker:I@step=N``): at step N the
   launcher makes a PS allocate memory until its limit kills it (SIGUSR1, `consume_memory_on_signal`),
   or freezes a trainer (SIGSTOP): the real failure, for tests and drills.
@@ -31,6 +35,7 @@ from typing import Any
 from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
 from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits, MemoryLimits
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
+from tf_ecrec.launcher.ps_probe import PsProbe
 
 HANG_MIN_STEPS = 10
 
@@ -46,6 +51,8 @@ class ExitWatch:
         self._progress: dict[str, tuple[float, int]] = {}  # trainer -> (its last step report, global step then)
         self._injections = [parse_injection(t) for t in job.injections]
         self._hung: set[str] = set()
+        self._silent: dict[str, float] = {}  # a PS killed for silence -> seconds since its last answer
+        self._probe = PsProbe() if job.ps_hang_secs else None
 
     def environment(self, task: TaskProcess) -> dict[str, str]:
         """What `task`'s process needs in its environment (its memory cgroup)."""
@@ -82,13 +89,35 @@ class ExitWatch:
                 self._hung.add(task.name)
                 self._progress.pop(task.name, None)
                 hung.append(task)
-        return hung
+        return hung + self._silent_ps(now)
+
+    def _silent_ps(self, now: float) -> list[TaskProcess]:
+        """The PS tasks that answered the probe since they started and then not for ``--ps-hang-secs``, killed."""
+        if self._probe is None:
+            return []
+        running = [t for t in self._run.table.ps() if t.state is TaskState.RUNNING and t.process is not None]
+        self._probe.watch({t.name: t.cluster.address for t in running})
+        silent = []
+        for task in running:
+            last = self._probe.last_answer(task.name, task.cluster.address)
+            if last is None or last < task.started_at or now - last <= self._run.job.ps_hang_secs:
+                continue
+            assert task.process is not None  # running
+            task.process.send_signal(signal.SIGKILL)
+            task.process.wait()
+            self._silent[task.name] = now - last
+            silent.append(task)
+        return silent
 
     def diagnose(self, task: TaskProcess, code: int) -> Diagnosis:
         """Why `task`'s process ended with `code`."""
         oom_kills = self._limits.oom_kills(task.name) if self._limits is not None and task.name in self._limit_mb else 0
         hung = task.name in self._hung
         self._hung.discard(task.name)
+        silent = self._silent.pop(task.name, None)
+        if silent is not None:
+            return Diagnosis(ExitKind.HANG, code, f"answered nothing for {silent:.2f} s (--ps-hang-secs "
+                             f"{self._run.job.ps_hang_secs:g}); killed by the launcher", silent_seconds=silent)
         return classify(code, hung=hung, oom_kills=oom_kills, log_tail=task.tail(40),
                         limit_mb=self._limit_mb.get(task.name))
 
@@ -104,6 +133,8 @@ class ExitWatch:
     def close(self) -> None:
         if self._limits is not None:
             self._limits.close()
+        if self._probe is not None:
+            self._probe.close()
 
 
 def consume_memory_on_signal() -> None:

@@ -4,6 +4,9 @@ One figure per failure that compares every protection mode alike (a checkpoint's
 restore, a parity rebuild with or without a spare): the samples the job did not train because of
 the failure, in seconds of its own pre-failure training.
 
+The failure's moment is its kill or crash event, or for a PS the launcher killed because it answered
+nothing (``--ps-hang-secs``), its last answer (the diagnosis's ``silent_seconds`` before the kill).
+
 ``samples_per_sec_before``
     the job's rate (every trainer's ``step`` datagrams summed) over `RATE_SECS` before the kill,
     from the end of the previous failure's recovery when that is later;
@@ -53,7 +56,8 @@ def failure_costs(events: Sequence[Event], steps: Mapping[str, Sequence[tuple[fl
     out = []
     since = 0.0
     for span, back in zip(failure_spans(events), taken_back):
-        kill = span.kill.t
+        # A PS killed for its silence failed when it stopped answering, not when the launcher killed it.
+        kill = span.kill.t - float((span.kill.extra.get("diagnosis") or {}).get("silent_seconds") or 0.0)
         start = max([kill - RATE_SECS, since] + ([trained[0][0]] if trained else []))
         rate = _rate(trained, start, kill)
         out.append(_cost(trained, kill, min(span.until, stop), rate, int(back or 0) * int(batch_size)))
