@@ -233,10 +233,11 @@ class FailoverLoop:
                 except session_errors as exc:
                     if migration.steps_seen:
                         failovers = 0
-                    first = (exc.message or "").strip().splitlines()[0] if exc.message else ""
+                    message = str(getattr(exc, "message", "") or "")
+                    first = message.strip().splitlines()[0] if message.strip() else ""
                     where = getattr(exc, "op", None)
                     _LOG.info("the session failed at %s: %s", where.name if where is not None else "session creation",
-                              (exc.message or "")[:2000])
+                              message[:2000])
                     state = self._enter(State.WAIT, f"session failed: {type(exc).__name__}: {first[:200]}")
                     continue
                 if migration.migration is None:

@@ -184,7 +184,8 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
 
     def __init__(self, source: ClusterSource, expected_ps: Sequence[str], *, poll_secs: float = 1.0,
                  warn_every_secs: float = 30.0, give_up_secs: float | None = None,
-                 retarget: Retarget | None = None, task: str = "this trainer") -> None:
+                 retarget: Retarget | None = None, task: str = "this trainer",
+                 interrupt: Any = None) -> None:
         if source is None or expected_ps is None:
             raise ConfigError("ClusterSourceMigrationHook needs source= and expected_ps= (the PS addresses the "
                               "session uses)")
@@ -198,7 +199,8 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             raise ConfigError(f"ClusterSourceMigrationHook give_up_secs={give_up_secs}; rule: > 0 or None")
         self._give_up_secs = give_up_secs
         self._task = task
-        self._on_main_thread = False
+        self._interrupt = interrupt or _thread.interrupt_main  # tests pass their own
+        self._on_main_thread = interrupt is not None
         self._gone_since: float | None = None  # monotonic: when the polls first found a PS gone
         self._last_step = time.monotonic()
         self.gave_up: RecoveryError | None = None
@@ -206,7 +208,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
     def begin(self) -> None:
         context = current_context()  # the graph being trained; its steps follow a retarget
         self._steps = context.steps if context is not None else None
-        self._on_main_thread = threading.current_thread() is threading.main_thread()
+        self._on_main_thread = self._on_main_thread or threading.current_thread() is threading.main_thread()
         self._last_step = time.monotonic()
         super().begin()
 
@@ -216,6 +218,10 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
 
     def _run_poller(self) -> None:
         while not self._stop.is_set():
+            if self.gave_up is not None:  # an interrupt can be swallowed inside TensorFlow: again until `end`
+                self._interrupt()
+                self._stop.wait(self._poll_secs)
+                continue
             try:
                 view = read_view(self._source)
             except EcRecError as exc:
@@ -223,7 +229,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             else:
                 now = view.addresses
                 if not all(now) and self._waited_too_long(now):
-                    return
+                    continue
                 if all(now):
                     self._gone_since = None
                 if all(now) and list(now) != self._expected_ps:
@@ -255,7 +261,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             f"last {waited:.1f} s (the bound: {self._give_up_secs:g} s); restart {'it' if len(gone) == 1 else 'them'} "
             "(same or new address), add a spare PS, or raise the wait; source: the cluster source")
         _LOG.error("%s", self.gave_up)
-        _thread.interrupt_main()  # out of MonitoredSession's session re-creation loop; the caller raises gave_up
+        self._interrupt()  # out of MonitoredSession's session re-creation loop; the caller raises gave_up
         return True
 
     def _retarget_to(self, addresses: list[str], version: int | None) -> bool:

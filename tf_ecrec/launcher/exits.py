@@ -52,7 +52,7 @@ class ExitWatch:
         self._injections = [parse_injection(t) for t in job.injections]
         self._hung: set[str] = set()
         self._silent: dict[str, float] = {}  # a PS killed for silence -> seconds since its last answer
-        self._probe = PsProbe() if job.ps_hang_secs else None
+        self._probe = PsProbe() if getattr(job, "ps_hang_secs", 0) else None
 
     def environment(self, task: TaskProcess) -> dict[str, str]:
         """What `task`'s process needs in its environment (its memory cgroup)."""
