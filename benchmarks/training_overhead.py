@@ -29,20 +29,17 @@ import os
 import statistics
 import sys
 
-import launched_job  # benchmarks/, beside this script
+import fault_tolerance  # benchmarks/, beside this script
+import launched_job
 
 from tf_ecrec.launcher.failure_cost import training_time_overhead
 
 PRESETS = {
-    "none": ["--fault-tolerance", "none"],
-    "ckpt-100": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100"],
-    "ckpt-500": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "500"],
+    **{name: fault_tolerance.PRESETS[name] for name in ("none", "ckpt-100", "ckpt-500", "ecrec-2+1", "ecrec-4+1")},
     "ckpt-2000": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "2000"],
     "flash": ["--fault-tolerance", "flash", "--flash-checkpoint-steps", "100"],
-    "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
-    "ecrec-2+1-spare": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1"],
-    "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
-    "ecrec-4+1-spare": ["--fault-tolerance", "ecrec", "--ec", "4+1", "--spare-ps", "1"],
+    "ecrec-2+1-spare": [*fault_tolerance.PRESETS["ecrec-2+1"], "--spare-ps", "1"],
+    "ecrec-4+1-spare": [*fault_tolerance.PRESETS["ecrec-4+1"], "--spare-ps", "1"],
 }
 HOURS = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100)
 

@@ -15,19 +15,13 @@ import os
 import random
 import socket
 
+from tf_ecrec.launcher.ports import ephemeral_start
+
 _LOW = 20000
 
 
-def _ephemeral_start() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def _block() -> range:
-    high = max(_LOW + 2000, _ephemeral_start())
+    high = max(_LOW + 2000, ephemeral_start())
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0

@@ -23,7 +23,7 @@ _LOWEST = 20000  # above the well-known and most registered service ports
 _TRIES = 2000
 
 
-def _ephemeral_start() -> int:
+def ephemeral_start() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
             return int(fh.read().split()[0])
@@ -63,7 +63,7 @@ def port_range(environ: dict[str, str] | None = None) -> tuple[int, int]:
     """
     value = (os.environ if environ is None else environ).get(ENV_PORT_RANGE, "").strip()
     if not value:
-        return _LOWEST, max(_LOWEST + 1000, _ephemeral_start())
+        return _LOWEST, max(_LOWEST + 1000, ephemeral_start())
     lo, sep, hi = value.partition("-")
     try:
         low, last = int(lo), int(hi)
