@@ -54,7 +54,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -225,13 +225,13 @@ def run(job_json: str, environ: Mapping[str, str] | None = None, module: str = T
     environ = os.environ if environ is None else environ
     launch = plan_launch(environ, JobSpec.load(job_json))
     _LOG.info("starting %s with TF_CONFIG %s", launch.task, launch.env["TF_CONFIG"])
-    stop = threading.Event()
+    # The handler only appends: it runs on the main thread between bytecodes, possibly while that thread holds a
+    # lock (an Event's condition), so setting an Event from it can deadlock the park (seen in CI under load).
     received: list[int] = []
     proc = subprocess.Popen(child.command(module, job_json), env={**environ, **launch.env})
 
     def forward(signum: int, frame: Any) -> None:
         received.append(signum)
-        stop.set()
         if proc.poll() is None:
             proc.send_signal(signum)
 
@@ -242,11 +242,11 @@ def run(job_json: str, environ: Mapping[str, str] | None = None, module: str = T
         # A trainer asked to stop finishes its step, reports and leaves with 0; the pod was terminated
         # (deleted, evicted, drained), not done: 0 would count as success (a TFJob whose chief succeeded).
         code = 128 + received[0]
-    if code == 0 and launch.park and not stop.is_set():
+    if code == 0 and launch.park and not received:
         _LOG.info("%s finished with exit 0; parked until SIGTERM (its StatefulSet would restart an exited container)",
                   launch.task)
-        while not stop.wait(3600):
-            pass
+        while not received:
+            time.sleep(0.5)  # interrupted by the signal; the handler has appended before sleep resumes
     else:
         _LOG.info("%s exited with %d", launch.task, code)
     return code
