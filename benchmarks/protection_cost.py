@@ -25,12 +25,19 @@ Zipf-distributed.  Batches are precomputed and fed; every configuration sees
 the same batches.  Each timed sample runs ``--steps`` steps after a warm-up;
 samples are interleaved (stock, 2+1, 4+1, stock, ...) so that drift on a
 shared machine falls on all alike.  Reported: median steps/s and the median
-of the per-round ratios to ``stock`` (higher is better).  Nothing asserts on
-timings.
+of the per-round ratios to ``stock`` (higher is better), and the CPU time of the
+whole process (every server and the client) per step with its ratio to
+``stock``: on a machine whose cores the servers share, the protection's own
+cost apart from waiting.  Nothing asserts on timings.
 
     python benchmarks/protection_cost.py                   # 5 PS, ~2-4 min
     python benchmarks/protection_cost.py --ps 5 --rounds 7 --steps 300
     python benchmarks/protection_cost.py --profile 20      # + where a step's time goes
+    python benchmarks/protection_cost.py --cuts            # the step run up to each phase
+
+``--cuts`` runs, beside ``stock``, the ``ecrec 2+1 in-step`` step run up to each
+of its phases (its applies; then its folds; its count; its commit, the whole
+step): what each phase adds, in time and in CPU.
 
 ``--profile N`` traces N steps of each configuration after the timed rounds
 and prints, per kind of op (lookups, the stock or delta-logging apply,
@@ -120,8 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
     parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 in-step,ecrec 4+1")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="trace N steps of each configuration")
+    parser.add_argument("--cuts", action="store_true",
+                        help="instead: ecrec 2+1 in-step run up to each phase (apply, fold, count, commit), beside stock")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",")]
+    if args.cuts:
+        configs = ["stock", *(f"{CUT_CONFIG} to {phase}" for phase in CUTS)]
     rng = np.random.default_rng(0)
     batches = [np.minimum(rng.zipf(1.2, (args.batch, TABLES)) - 1, args.rows - 1) for _ in range(64)]
     sessions = {}
@@ -129,7 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         _, own = _servers(args.ps)
         servers += own
-        graph, ids, train, init_op, carried = _graph(name, args.ps, args.rows, args.dim)
+        config, _, cut = name.partition(" to ")
+        graph, ids, train, init_op, carried = _graph(config, args.ps, args.rows, args.dim)
+        if cut and cut != "commit":
+            # A bound, not a protocol: the step stops after `cut` (its later phases never run, so the
+            # delta logs keep every step's entries; a few hundred steps of them fit in memory).
+            (optimizer,) = tf_ecrec.optimizer.protectors(graph)
+            train = optimizer.phases[cut]
         sess = tf.compat.v1.Session(own[-1].target, graph=graph)
         sess.run(init_op)
         step = _Runner(sess, train, carried)
@@ -137,21 +154,26 @@ def main(argv: list[str] | None = None) -> int:
             step({ids: b})
         sessions[name] = (sess, ids, step)
     rates: dict[str, list[float]] = {name: [] for name in configs}
+    cpus: dict[str, list[float]] = {name: [] for name in configs}  # CPU-seconds per step, every server and the client
     for r in range(args.rounds):
         order = configs[r % len(configs):] + configs[: r % len(configs)]
         for name in order:
             sess, ids, step = sessions[name]
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for i in range(args.steps):
                 step({ids: batches[i % len(batches)]})
             rates[name].append(args.steps / (time.perf_counter() - start))
+            cpus[name].append((time.process_time() - cpu) / args.steps)
     print(f"\nprotection cost: {args.ps} PS in process, 26 tables x {args.rows} rows x {args.dim}, batch {args.batch}, "
           f"{args.rounds} interleaved samples of {args.steps} steps, medians\n")
-    print(f"| config | steps/s | samples/s | ratio to {configs[0]} |\n|---|---|---|---|")
+    print(f"| config | steps/s | samples/s | ratio to {configs[0]} | CPU ms per step | CPU ratio to {configs[0]} |\n"
+          "|---|---|---|---|---|---|")
     for name in configs:
         ratio = statistics.median(a / b for a, b in zip(rates[name], rates[configs[0]]))
+        cpu_ratio = statistics.median(a / b for a, b in zip(cpus[name], cpus[configs[0]]))
         rate = statistics.median(rates[name])
-        print(f"| {name} | {rate:,.1f} | {rate * args.batch:,.0f} | {ratio:.3f} |")
+        print(f"| {name} | {rate:,.1f} | {rate * args.batch:,.0f} | {ratio:.3f} | "
+              f"{statistics.median(cpus[name]) * 1e3:.2f} | {cpu_ratio:.2f} |")
     if args.profile:
         print(f"\nwhere a step's time goes: median over {args.profile} traced steps, ms from the step's first op "
               "(first start / last end / summed op time)\n")
@@ -166,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         sess.close()
     return 0
 
+
+CUT_CONFIG = "ecrec 2+1 in-step"
+CUTS = ("apply", "fold", "count", "commit")
 
 KINDS = (
     # (kind, predicate on the op type), first match wins

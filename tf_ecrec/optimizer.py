@@ -54,6 +54,7 @@ from tf_ecrec.step_program import (
     StepProgram,
     Target,
     TargetKind,
+    all_rows,
     barrier,
     commit_rounds,
     new_step_id,
@@ -346,6 +347,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         rep_tids = [self._target(variable_name(r), device_task(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
         self._fold_plan[tid] = ReplicaFolds(tuple(rep_tids))
         indices, values = _dedup(grad, var)
+        dense = not isinstance(grad, tf.IndexedSlices)
         with tf.device(var.device):
             delta = self.rule.apply(var, slots, values, indices, step, self._logged(primary, tid))
             with tf.control_dependencies([delta]):
@@ -355,10 +357,11 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             updates = []
             for replica, rep_tid in zip(replicas, rep_tids):
                 q = device_task(replica.device)
+                rows = all_rows(var, replica.device) if dense else indices
                 with tf.device(replica.device):
                     updates.append(
                         ec_ops.parity_update(
-                            replica, indices, delta, coef=1, **self._logged(q, rep_tid, source=tid, source_seq=seq)
+                            replica, rows, delta, coef=1, **self._logged(q, rep_tid, source=tid, source_seq=seq)
                         )
                     )
             return updates

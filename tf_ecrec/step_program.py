@@ -215,12 +215,14 @@ def commit_rounds(sid: tf.Tensor, logs: dict[int, tf.Tensor], data_ps: list[int]
     after = barrier(after, len(data_ps), hub, "counted") if hub else after
     for p in data_ps:
         g = gate(sid, logs[p].device, after)
-        round1[p] = Gated(g, ec_ops.delta_log_commit_in_order(logs[p], g, timeout_ms=timeout_ms))
+        with tf.device(logs[p].device):  # where it runs anyway: a barrier after it then stays on the PS
+            round1[p] = Gated(g, ec_ops.delta_log_commit_in_order(logs[p], g, timeout_ms=timeout_ms))
     round2 = {}
     done = barrier([r.op for r in round1.values()], len(logs), hub, "round1_done") if hub else []
     for p, log in sorted(logs.items()):
         g = gate(sid, log.device, done)
-        round2[p] = Gated(g, ec_ops.delta_log_commit(log, g))
+        with tf.device(log.device):
+            round2[p] = Gated(g, ec_ops.delta_log_commit(log, g))
     return round1, round2
 
 
@@ -229,13 +231,20 @@ def read_step(variable: Any) -> tf.Tensor:
 
 
 def dedup(grad: Any, var: tf.Variable) -> tuple[tf.Tensor, tf.Tensor]:
-    """(unique row indices, summed gradient rows), as TensorFlow's optimizers deduplicate."""
-    if isinstance(grad, tf.IndexedSlices):
-        unique, positions = tf.unique(tf.cast(grad.indices, tf.int64))
-        summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
-        return unique, summed
-    rows = int(var.shape[0])
-    return tf.range(rows, dtype=tf.int64), tf.convert_to_tensor(grad)
+    """(unique row indices, summed gradient rows), as TensorFlow's optimizers deduplicate, on the
+    variable's PS (as theirs): the ids are there already for the lookup, so no second copy crosses."""
+    with tf.device(var.device):
+        if isinstance(grad, tf.IndexedSlices):
+            unique, positions = tf.unique(tf.cast(grad.indices, tf.int64))
+            summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
+            return unique, summed
+        return all_rows(var, var.device), tf.convert_to_tensor(grad)
+
+
+def all_rows(var: tf.Variable, device: str) -> tf.Tensor:
+    """The row ids of a dense variable's update, made on `device` (a constant range: nothing to send)."""
+    with tf.device(device):
+        return tf.range(int(var.shape[0]), dtype=tf.int64)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,27 +77,29 @@ def test_more_lost_ps_than_the_code_covers_falls_back_to_the_checkpoint(tmp_path
 def test_deterministic_runs_with_a_ps_killed_end_with_the_same_bytes_for_every_ps(tmp_path, ec, ps):
     args = ["--ec", ec, "--ps", str(ps), "--workers", "1", "--steps", "240", "--deterministic"]
     reference, _ = _run(tmp_path / "ref", *args)
-    # 2+1: the global step's PS, brought back at a new port (the trainers rebuild TF_CONFIG, RunConfig,
-    # Estimator and session for it: tf_ecrec.failover), and the last PS at its old address; 3+1: the last
-    # one (each PS holds data and parity; the others are killed in the flash and sequence tests, and
-    # these runs are among the test command's slowest).
-    for i in (0, ps - 1) if ps == 3 else (ps - 1,):
-        moved = ["--restart-at", "new-port"] if i == 0 else []
-        report, err = _run(tmp_path / f"kill{i}", *args, "--kill", f"ps:{i}@step={90 + 20 * i}", "--restart-delay", "1",
-                           *moved)
-        (rec,) = report["recovery"]
+    # 2+1: the global step's PS and, after its recovery, the last PS, each brought back at a new port
+    # (the trainers rebuild TF_CONFIG, RunConfig, Estimator and session for it: tf_ecrec.failover), in
+    # one run (one job fewer in the test command; a PS back at its old address is every other kill
+    # test's); 3+1: the last one (each PS holds data and parity; the others are killed in the flash and
+    # sequence tests, and these runs are among the test command's slowest).
+    killed = (0, ps - 1) if ps == 3 else (ps - 1,)
+    kills = [a for i in killed for a in ("--kill", f"ps:{i}@step={90 + 20 * i}")]
+    moved = ["--restart-at", "new-port"] if ps == 3 else []
+    report, err = _run(tmp_path / "kill", *args, *kills, "--restart-delay", "1", *moved)
+    assert [rec["task"] for rec in report["recovery"]] == [f"ps:{i}" for i in killed], report["recovery"]
+    for i, rec in zip(killed, report["recovery"]):
         # Rebuilt from parity, with no rollback and no checkpoint read (the same job with three asynchronous
         # trainers and two PS lost at once: the sequence test below).
         assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
         assert rec["resumed_from_step"] >= rec["killed_at_step"] and rec["bytes_rebuilt"] > 0, rec
         assert 0 < rec["rebuild_seconds"] < rec["seconds_to_resume"], rec
         assert f"recovered lost PS [{i}] by parity" in err
-        with open(os.path.join(tmp_path / f"kill{i}", "logs", "chief-0.log"), encoding="utf-8") as fh:
-            assert "Restoring parameters from" not in fh.read()
         if moved:
             assert rec["address"] != "same" and rec["failovers"] >= 1, rec
-        assert report["variables_sha256"] == reference["variables_sha256"], f"ps:{i}"
-        _assert_parity_exact(report, stripes=ps)
+    with open(os.path.join(tmp_path / "kill", "logs", "chief-0.log"), encoding="utf-8") as fh:
+        assert "Restoring parameters from" not in fh.read()
+    assert report["variables_sha256"] == reference["variables_sha256"], killed
+    _assert_parity_exact(report, stripes=ps)
 
 
 def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(tmp_path):

@@ -120,8 +120,10 @@ def test_a_ps_rollback_takes_the_shard_progress_back_with_the_checkpoint(tmp_pat
     assert saved_acked <= (state_step + 32) * 128, (saved_acked, state_step)
     # Every record acknowledged after the saved progress was trained again, exactly once ...
     assert 0 < rolled_back == data["records_retrained"], (rolled_back, data)
-    # ... and nothing acknowledged after the kill's step (plus steps in flight) was rolled back.
-    assert saved_acked + rolled_back <= (rec["killed_at_step"] + 32) * 128, (saved_acked, rolled_back, rec)
+    # ... and nothing acknowledged after the kill (the last step a trainer reported before it, plus steps in
+    # flight) was rolled back.  Not `killed_at_step`: under load the launcher reads the datagrams late.
+    assert rec["reached_step"] >= rec["killed_at_step"], rec
+    assert saved_acked + rolled_back <= (rec["reached_step"] + 32) * 128, (saved_acked, rolled_back, rec)
 
 
 def test_workers_join_and_leave_a_running_job_and_nothing_is_lost(tmp_path):

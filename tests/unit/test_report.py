@@ -26,6 +26,7 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
     assert entry == {
         "task": "ps:1",
         "killed_at_step": 1200,
+        "reached_step": 1200,
         "resumed_from_step": 1000,
         "steps_rolled_back": 200,
         "steps_undone": 0,
@@ -45,6 +46,15 @@ def test_recovery_entry_measures_rollback_and_times_from_the_kill():
         "memory_mb_before": {},
         "memory_mb_in_window": {},
     }
+
+
+def test_the_step_reached_counts_datagrams_sent_before_the_kill_that_the_launcher_read_after_it():
+    t0 = 1000.0
+    # (sender's t, step, records): the launcher killed at 1,200 while 1,203 and 1,206 were still unread;
+    # 1,207 was sent after the kill (a later session's step).
+    timeline = [(t0 + 19.0, 1200, 256), (t0 + 19.5, 1203, 384), (t0 + 19.9, 1206, 384), (t0 + 28.0, 1207, 128)]
+    (entry,) = recovery_entries(_events(), timeline=timeline, t0=t0)
+    assert entry["killed_at_step"] == 1200 and entry["reached_step"] == 1206
 
 
 def test_recovery_entry_names_the_new_address_and_counts_the_failovers_until_resumed():

@@ -15,7 +15,8 @@ Field names are stable (other tools read them):
 ``events``
     ``[{t, kind, task, global_step, ...}]``, ``t`` in seconds since launch.
 ``recovery``
-    one entry per kill: ``task``, ``killed_at_step``, ``resumed_from_step``
+    one entry per kill: ``task``, ``killed_at_step`` (the launcher's trigger), ``reached_step`` (the highest
+    step a trainer reported sending before the kill: at least the trigger, more when the launcher read late), ``resumed_from_step``
     (the lowest global step seen after the kill, i.e. the step the job went
     on from: the restored checkpoint's step under checkpointing; with several
     workers it may read up to workers - 1 steps high), ``steps_rolled_back``
@@ -179,6 +180,9 @@ def recovery_entries(
             {
                 "task": kill.task,
                 "killed_at_step": kill.global_step,
+                # The highest step a trainer reported sending before the kill (the datagrams' own clock):
+                # under load the launcher reads datagrams late, and the kill lands past `killed_at_step`.
+                "reached_step": max([kill.global_step] + [s for t, s, _ in timeline if t - t0 <= kill.t]),
                 "resumed_from_step": resumed_from,
                 "steps_rolled_back": None if resumed_from is None else max(0, kill.global_step - resumed_from - undone),
                 "steps_undone": undone,

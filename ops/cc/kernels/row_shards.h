@@ -5,6 +5,7 @@
 #ifndef TF_ECREC_OPS_CC_KERNELS_ROW_SHARDS_H_
 #define TF_ECREC_OPS_CC_KERNELS_ROW_SHARDS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -131,8 +132,16 @@ class RowShards {
   void ForEachShard(const Eigen::ThreadPoolDevice& device,
                     const Eigen::TensorOpCost& cost, Run run) {
     const int64_t n = size();
-    const int threads = Eigen::TensorCostModel<Eigen::ThreadPoolDevice>::
+    int threads = Eigen::TensorCostModel<Eigen::ThreadPoolDevice>::
         numThreads(static_cast<double>(n), cost, device.numThreads());
+    // A floor of work per thread above Eigen's: bucketing the positions and
+    // waking pool threads costs more than it saves on an update of a few
+    // thousand rows, and a PS shares its cores with the trainers (measured:
+    // 1,500 ids of width 16, Adagrad with delta, 240 us on two threads,
+    // 154 us on one; benchmarks/parity_ops.py --threads 2).
+    const double cycles = Eigen::TensorCostModel<Eigen::ThreadPoolDevice>::
+        totalCost(static_cast<double>(n), cost);
+    threads = static_cast<int>(std::min<double>(threads, cycles / kMinCyclesPerThread));
     if (threads <= 1) {
       run(RowShard(nullptr, 0, n));
       return;
@@ -172,6 +181,7 @@ class RowShards {
 
  private:
   static constexpr int64_t kBitmapRowsPerPosition = 64;
+  static constexpr double kMinCyclesPerThread = 2e6;
   static constexpr int64_t kPrefetchBytes = 256;
 
   static uint64_t Hash(int64_t row) {
