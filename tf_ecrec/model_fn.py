@@ -145,6 +145,17 @@ def _check_protected() -> ECOptimizer:
             "the model_fn built no tf_ecrec.ECOptimizer: without it nothing keeps parity and replicas; wrap the "
             "optimizer: tf_ecrec.ECOptimizer(your_optimizer); source: the model_fn"
         )
+    if len(protectors) > 1:
+        # Two step programs in one graph would share each PS's delta log with overlapping target ids, and
+        # recovery knows one manifest: refused here rather than a corrupt settlement or a silent fallback to
+        # the checkpoint at the first failure (a canned estimator's two optimizers, a second minimize).
+        distinct = len({id(p) for p in protectors})
+        raise ConfigError(
+            f"the model_fn applied gradients through tf_ecrec.ECOptimizer {len(protectors)} times "
+            f"({distinct} optimizer object{'s' if distinct > 1 else ''}); rule: one ECOptimizer, one "
+            "apply_gradients/minimize per model_fn, updating every variable (give all variables to one optimizer); "
+            "source: the model_fn"
+        )
     updated = {name for opt in protectors for c in opt.parity for name in [c]}
     for coll in collections():
         if coll.name not in updated:

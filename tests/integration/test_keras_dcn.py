@@ -294,3 +294,35 @@ def test_example_params_and_make_estimator_errors(tmp_path):
         dcn.default_params(ec="2+")
     with pytest.raises(ConfigError, match=r"needs the erasure code itself in params\['ec'\]"):
         dcn.make_estimator(tf.estimator.RunConfig(model_dir=str(tmp_path)), dcn.default_params(ec=True))
+
+
+def test_a_model_fn_with_two_ec_optimizers_is_refused_before_training(cluster, tmp_path):
+    """A canned estimator's shape (FTRL for the wide part, Adagrad for the deep part), each optimizer wrapped:
+    two step programs would share each PS's delta log and recovery would know one of them, so the job is
+    refused when the graph is built, with a typed error, instead of falling back to the checkpoint at the
+    first failure (issue 34)."""
+    import tf_ecrec
+
+    def two_optimizers(features, labels, mode, params):
+        coll = tf_ecrec.EmbeddingCollection("deep", [("c0", 64)], 4)
+        rows = coll.lookup_all(tf.reshape(features["ids"], [-1, 1]))
+        wide = tf.compat.v1.get_variable("wide", [1], initializer=tf.zeros_initializer(), use_resource=True)
+        logits = tf.reduce_sum(tf.reshape(rows, [8, -1]), axis=1) + wide
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        deep_op = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05)).minimize(
+            loss, var_list=list(coll.data.values()))
+        wide_op = tf_ecrec.ECOptimizer(tf.compat.v1.train.FtrlOptimizer(0.05)).minimize(
+            loss, global_step=step, var_list=[wide])
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.group(deep_op, wide_op))
+
+    def input_fn():
+        ids = tf.constant(np.arange(8, dtype=np.int64))
+        return tf.data.Dataset.from_tensors(({"ids": ids}, tf.ones([8]))).repeat()
+
+    estimator = tf.estimator.Estimator(model_fn=ec_model_fn(two_optimizers, ECConfig(2, 1)),
+                                       config=_run_config(cluster, tmp_path))
+    with pytest.raises(ConfigError, match=r"applied gradients through tf_ecrec.ECOptimizer 2 times \(2 optimizer "
+                                          r"objects\); rule: one ECOptimizer"):
+        estimator.train(input_fn, steps=1)
+    assert not tf.io.gfile.glob(str(tmp_path / "model.ckpt-*"))  # refused before a first step or checkpoint
