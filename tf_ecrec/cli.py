@@ -78,7 +78,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="TASK@step=N",
-        help="SIGKILL TASK (ps:I, worker:I, chief:0, master) at global step N and restart it; repeatable",
+        help="SIGKILL TASK (ps:I, worker:I, chief:0, master, or spare:I standing by) at global step N and restart it "
+             "(a killed spare is replaced by a new one); repeatable",
     )
     p.add_argument("--restart-delay", type=float, default=2.0,
                    help="seconds between a kill and the restart; inf: never restarted (a spare, if any, takes over)")

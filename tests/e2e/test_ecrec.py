@@ -132,6 +132,27 @@ def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(
     assert set(report["memory"]) >= {"chief:0", "worker:0", "ps:0", "ps:1", "spare:2"}
 
 
+def test_a_killed_spare_is_replaced_at_once_and_the_next_ps_loss_still_finds_one(tmp_path):
+    """Issue 33: the spare itself killed while it stands by.  A new spare starts at once (a spare holds no
+    state: nothing to recover, no trainer affected), and a PS lost later takes that one, with a replacement
+    PS that would take 20 s: nothing waits for a process to start."""
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "400", "--spare-ps", "1",
+                       "--kill", "spare:0@step=100", "--kill", "ps:1@step=250", "--restart-delay", "20")
+    events = report["events"]
+    assert [(e["task"], e["code"]) for e in events if e["kind"] == "spare_lost"] == [("spare:0", -9)]
+    assert [e["task"] for e in events if e["kind"] == "spare"] == ["spare:0", "spare:1", "spare:2"]
+    moves = [e for e in events if e["kind"] == "move"]
+    assert [(m["task"], m["spare"]) for m in moves] == [("ps:1", "spare:1")]
+    assert not [e for e in events if e["kind"] in ("restart", "crash")]
+    (rec,) = report["recovery"]  # the spare's loss is no failure of the job
+    assert rec["task"] == "ps:1" and rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+    assert rec["address"] == moves[0]["new"]
+    _assert_every_trainer_back(report)
+    assert report["data"]["records_trained"] >= report["data"]["records_total"]
+    _assert_parity_exact(report, stripes=3)
+    assert "is gone (killed by --kill spare:0@step=100); a new spare replaces it" in err
+
+
 def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_whole(tmp_path):
     """The exactness issue's sequence: a worker killed between its applies and its folds, later the data PS
     it updated, then two PS at once, then the chief; 2+2 on 4 PS, three asynchronous workers."""

@@ -12,6 +12,7 @@ def test_kill_specs_parse_and_print_back():
     assert (k.task_type, k.task_index, k.step, k.task) == ("ps", 1, 1200, "ps:1")
     assert str(k) == "ps:1@step=1200"
     assert KillSpec.parse("worker:0@step=5").task == "worker:0"
+    assert KillSpec.parse("spare:0@step=7").task == "spare:0"
 
 
 @pytest.mark.parametrize("text", ["ps1@step=3", "ps:1@3", "ps:x@step=3", "gpu:0@step=3", "ps:1@step=-3", ""])
@@ -27,6 +28,8 @@ def test_malformed_kill_is_a_config_error(text):
         ({"kills": (KillSpec("worker", 1, 10),)}, r"worker:1 does not exist.*worker:0..0"),
         ({"workers": 1, "kills": (KillSpec("worker", 0, 10),)}, r"no non-chief worker"),
         ({"kills": (KillSpec("ps", 0, 3000),)}, r"step 3000 must be inside the run"),
+        ({"kills": (KillSpec("spare", 0, 10),)}, r"spare:0 does not exist; this job starts no spare \(--spare-ps 0\)"),
+        ({"spare_ps": 1, "kills": (KillSpec("spare", 1, 10),)}, r"spare:1 does not exist; this job starts spare:0..0"),
         ({"checkpoint_steps": 10, "checkpoint_secs": 5.0}, r"both given"),
         ({"fault_tolerance": "none", "checkpoint_steps": 10}, r"a checkpoint interval was given with --fault-tolerance none"),
         ({"deterministic": True, "workers": 2}, r"--deterministic needs --workers 1"),

@@ -8,6 +8,8 @@ Kinds (`EventKind`; the values are the report's):
 - ``lost``: the master's view lost a task whose process still ran;
 - ``move``: a PS got a new address (``old``, ``new``; ``spare`` when a spare took its role);
 - ``spare``: a spare PS started;
+- ``spare_lost``: a standing-by spare PS was killed (``--kill spare:I``) or died
+  (``code``); a new one starts at once (nothing to recover: it held no role);
 - ``add``/``remove``: elastic workers started and asked to leave;
 - ``session``: a task (re)created its training session, at ``global_step``;
 - ``recovered``: the chief rebuilt lost variables (``method``, ``lost_ps``,
@@ -38,6 +40,7 @@ class EventKind(str, enum.Enum):
     LOST = "lost"
     MOVE = "move"
     SPARE = "spare"
+    SPARE_LOST = "spare_lost"
     ADD = "add"
     REMOVE = "remove"
     SESSION = "session"

@@ -41,7 +41,9 @@ class FaultActions:
     def drive(self, now: float) -> None:
         """Kills what is due at the current global step and restarts what is due at `now`."""
         for fault in self._run.faults.due_kills(self._run.global_step):
-            if fault.on_master:
+            if fault.spec.task_type == "spare":
+                self._kill_spare(fault)
+            elif fault.on_master:
                 assert self._run.master is not None  # a master fault needs the master (JobSpec checks it)
                 if not self._run.master.killed:
                     self._kill_master(fault)
@@ -99,6 +101,39 @@ class FaultActions:
             # Listed as down until it restarts (at its old address or a new one): trainers say which PS they
             # wait for, and give up after --ps-wait if it never comes (--restart-delay inf).
             self._run.write_cluster_file(down=task.name)
+
+    def _kill_spare(self, fault: Fault) -> None:
+        """``--kill spare:I``: SIGKILL that spare while it stands by; one that took a PS role by then is left."""
+        self._run.faults.hit(fault, self._run.global_step)
+        self._run.faults.restarted(fault)  # nothing to restart: spare_lost starts a new spare
+        fault.resumed = fault.regained = True  # training never stopped for it: no resumption to report
+        spare = next((s for s in self._run.table.spares if s.name == fault.task), None)
+        if spare is None or spare.process is None:
+            self._run.console.print(f"--kill {fault.spec}: {fault.task} is not standing by (it took a PS role); "
+                                    "nothing killed")
+            return
+        spare.process.send_signal(signal.SIGKILL)
+        self.spare_lost(spare, spare.process.wait(), f"killed by --kill {fault.spec}")
+
+    def check_spares(self) -> None:
+        """Replaces every standing-by spare whose process has exited."""
+        for spare in list(self._run.table.spares):
+            code = spare.process.poll() if spare.process is not None else None
+            if code is not None:
+                self.spare_lost(spare, code, f"exited with code {code}")
+
+    def spare_lost(self, spare: TaskProcess, code: int, why: str) -> None:
+        """A standing-by spare is gone (killed, or its process exited): another starts at once on a fresh port,
+        so the next PS failure still finds one (a spare holds no state: nothing to recover)."""
+        self._run.table.spares.remove(spare)
+        if spare.log:
+            spare.log.close()
+        self._run.event(EventKind.SPARE_LOST, spare.name, code=code, reason=why)
+        address = spare.spare_address
+        assert address is not None
+        host = address.rsplit(":", 1)[0]
+        self._run.console.print(f"{spare.name} at {address} is gone ({why}); a new spare replaces it")
+        self._run.start_spare(f"{host}:{pick_ports(1, 0, host)[0]}")
 
     def _kill_master(self, fault: Fault) -> None:
         assert self._run.master is not None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from tf_ecrec.errors import ConfigError
 
-_KILL = re.compile(r"^(?:(?P<type>ps|worker|chief):(?P<index>\d+)|(?P<master>master))@step=(?P<step>\d+)$")
+_KILL = re.compile(r"^(?:(?P<type>ps|worker|chief|spare):(?P<index>\d+)|(?P<master>master))@step=(?P<step>\d+)$")
 _ADD_WORKER = re.compile(r"^step=(?P<step>\d+)$")
 
 
@@ -28,8 +28,10 @@ class KillSpec:
     good at step N; see `JobSpec`).
 
     Attributes:
-      task_type: "ps", "worker", "chief", or "master" (the job master process
-        the launcher runs; restarted on the same port and state dir).
+      task_type: "ps", "worker", "chief", "spare" (the I-th spare PS the launcher
+        started, killed while it stands by: ``--spare-ps``; a new spare replaces it
+        at once), or "master" (the job master process the launcher runs;
+        restarted on the same port and state dir).
       task_index: index within the job as TF_CONFIG numbers it ("worker:1"
         is the second non-chief worker); 0 for the master.
       step: the global step that triggers the kill.
@@ -49,7 +51,7 @@ class KillSpec:
         if not m:
             raise ConfigError(
                 f"{flag} {text!r} is malformed; expected TASK@step=N with TASK one of ps:I, worker:I, chief:0, "
-                f"master (e.g. {flag} ps:1@step=1200); source: {flag}"
+                f"spare:I, master (e.g. {flag} ps:1@step=1200); source: {flag}"
             )
         if m["master"]:
             return cls("master", 0, int(m["step"]))

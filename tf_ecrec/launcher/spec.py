@@ -252,7 +252,13 @@ class JobSpec:
 
     def _check_task_exists(self, spec: KillSpec, flag: str) -> None:
         slots = self.worker_slots
-        limit = {"ps": self.ps, "worker": slots, "chief": 1}[spec.task_type]
+        limit = {"ps": self.ps, "worker": slots, "chief": 1, "spare": self.spare_ps}[spec.task_type]
+        spares = f"spare:0..{self.spare_ps - 1} (--spare-ps {self.spare_ps})" if self.spare_ps else "no spare (--spare-ps 0)"
+        _check(
+            spec.task_type != "spare" or spec.task_index < limit,
+            f"{flag} {spec}: {spec.task} does not exist; this job starts {spares}",
+            flag,
+        )
         _check(
             spec.task_index < limit,
             f"{flag} {spec}: {spec.task} does not exist; this job has ps:0..{self.ps - 1}, chief:0"

@@ -333,6 +333,7 @@ class Supervisor:
         return False
 
     def _check_processes(self) -> None:
+        self._actions.check_spares()
         for task in self._run.tasks.values():
             if task.process is None or task.state not in (TaskState.RUNNING, TaskState.LEAVING):
                 continue
