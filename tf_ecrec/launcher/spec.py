@@ -253,18 +253,11 @@ class JobSpec:
     def _check_task_exists(self, spec: KillSpec, flag: str) -> None:
         slots = self.worker_slots
         limit = {"ps": self.ps, "worker": slots, "chief": 1, "spare": self.spare_ps}[spec.task_type]
-        spares = f"spare:0..{self.spare_ps - 1} (--spare-ps {self.spare_ps})" if self.spare_ps else "no spare (--spare-ps 0)"
-        _check(
-            spec.task_type != "spare" or spec.task_index < limit,
-            f"{flag} {spec}: {spec.task} does not exist; this job starts {spares}",
-            flag,
-        )
-        _check(
-            spec.task_index < limit,
-            f"{flag} {spec}: {spec.task} does not exist; this job has ps:0..{self.ps - 1}, chief:0"
-            + (f" and worker:0..{slots - 1}" if slots else " and no non-chief worker"),
-            flag,
-        )
+        if spec.task_type == "spare":
+            has = f"starts spare:0..{limit - 1} (--spare-ps {limit})" if limit else "starts no spare (--spare-ps 0)"
+        else:
+            has = f"has ps:0..{self.ps - 1}, chief:0" + (f" and worker:0..{slots - 1}" if slots else " and no non-chief worker")
+        _check(spec.task_index < limit, f"{flag} {spec}: {spec.task} does not exist; this job {has}", flag)
         added_at = self.added_at(spec.task)
         if added_at is not None:
             _check(
