@@ -137,6 +137,8 @@ class FailoverLoop:
         of times; one that never gets a step done gives up).
       poll_secs: how often WAIT and the migration hook read the source.
       on_transition: called with (state, reason) on every transition (reports, tests).
+      on_stuck: ends the process when the training thread did not stop after TRAIN gave up
+        (`ClusterSourceMigrationHook`'s ``on_stuck``; default: log and exit with code 3).
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class FailoverLoop:
         max_failovers: int = 10,
         poll_secs: float = 0.2,
         on_transition: Callable[[State, str], None] | None = None,
+        on_stuck: Callable[[RecoveryError], None] | None = None,
     ) -> None:
         if cluster.task_type not in ("chief", "worker", "master"):
             raise ConfigError(f"the failover loop runs trainers, not {cluster.task}; source: TF_CONFIG task")
@@ -166,6 +169,7 @@ class FailoverLoop:
         self._max_failovers = max_failovers
         self._poll = poll_secs
         self._on_transition = on_transition
+        self._on_stuck = on_stuck
         self.history: list[tuple[float, State, str]] = []
         self.estimator: Any = None
         self._lock = threading.Lock()  # self.cluster: the poller retargets it while TRAIN runs
@@ -202,6 +206,7 @@ class FailoverLoop:
             # the thread was (a KeyboardInterrupt, or a RuntimeError from inside TensorFlow's bindings).
             gave_up = self._migration.gave_up if self._migration is not None else None
             if gave_up is not None:
+                self._migration.acknowledge()
                 raise gave_up from None
             raise
         finally:
@@ -223,6 +228,7 @@ class FailoverLoop:
                 migration = self._migration = ClusterSourceMigrationHook(
                     self._source, built.ps_addresses, poll_secs=self._poll, give_up_secs=self._wait_secs,
                     retarget=self._retarget if self._live_config is not None else None, task=self.cluster.task,
+                    on_stuck=self._on_stuck,
                 )
                 state = self._enter(State.TRAIN, "estimator built")
             elif state is State.TRAIN:

@@ -25,7 +25,10 @@ poll the job master's ``ps_version`` or watch a membership backend are in
 from __future__ import annotations
 
 import _thread
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -163,8 +166,15 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         re-creates a session that fails for a PS that is down for ever, inside ``Estimator.train``;
         giving up interrupts the training thread (the main one: the hook gives up only when it was
         begun there) and leaves ``gave_up``, a `RecoveryError` naming the PS, for the caller to raise
-        (`tf_ecrec.failover.FailoverLoop` does).  The first poll that finds a PS gone says which,
-        and for how long the hook waits.
+        (`tf_ecrec.failover.FailoverLoop` does, and then calls `acknowledge`).  The first poll that
+        finds a PS gone says which, and for how long the hook waits.
+      stuck_exit_secs: how long the hook keeps interrupting the training thread after giving up
+        before it ends the process.  An interrupt that lands inside TensorFlow's native code can be
+        lost (seen once in a loaded test run: ten minutes of session re-creations with the
+        interrupt repeated every poll); a trainer that can never train again must not hang, so
+        once this bound passes with no `acknowledge`, ``on_stuck(gave_up)`` runs (default: log the
+        RecoveryError and ``os._exit(3)``, the launcher task's exit code for a tf_ecrec error).
+      on_stuck: what ends the process then (the launcher's task also reports the error first).
       retarget: ``retarget(addresses, version, steps)`` points the sessions
         TensorFlow creates from now on at the PS `addresses` (the failover
         loop writes them into the live session ConfigProto); `version` is the
@@ -185,7 +195,8 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
     def __init__(self, source: ClusterSource, expected_ps: Sequence[str], *, poll_secs: float = 1.0,
                  warn_every_secs: float = 30.0, give_up_secs: float | None = None,
                  retarget: Retarget | None = None, task: str = "this trainer",
-                 interrupt: Any = None) -> None:
+                 interrupt: Any = None, stuck_exit_secs: float = 30.0,
+                 on_stuck: Callable[[RecoveryError], None] | None = None) -> None:
         if source is None or expected_ps is None:
             raise ConfigError("ClusterSourceMigrationHook needs source= and expected_ps= (the PS addresses the "
                               "session uses)")
@@ -204,6 +215,16 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         self._gone_since: float | None = None  # monotonic: when the polls first found a PS gone
         self._last_step = time.monotonic()
         self.gave_up: RecoveryError | None = None
+        self._gave_up_at = 0.0
+        self._acknowledged = threading.Event()
+        if stuck_exit_secs <= 0:
+            raise ConfigError(f"ClusterSourceMigrationHook stuck_exit_secs={stuck_exit_secs}; rule: > 0")
+        self._stuck_exit_secs = stuck_exit_secs
+        self._on_stuck = on_stuck or exit_process
+
+    def acknowledge(self) -> None:
+        """The training thread stopped after the hook gave up: stop interrupting it."""
+        self._acknowledged.set()
 
     def begin(self) -> None:
         context = current_context()  # the graph being trained; its steps follow a retarget
@@ -218,7 +239,14 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
 
     def _run_poller(self) -> None:
         while not self._stop.is_set():
-            if self.gave_up is not None:  # an interrupt can be swallowed inside TensorFlow: again until `end`
+            if self.gave_up is not None:  # an interrupt can be lost inside TensorFlow: again until acknowledged
+                if self._acknowledged.is_set():
+                    return
+                if time.monotonic() - self._gave_up_at >= self._stuck_exit_secs:
+                    _LOG.error("%s: the training thread did not stop within %.0f s of giving up; ending the process",
+                               self._task, self._stuck_exit_secs)
+                    self._on_stuck(self.gave_up)
+                    return
                 self._interrupt()
                 self._stop.wait(self._poll_secs)
                 continue
@@ -261,6 +289,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             f"last {waited:.1f} s (the bound: {self._give_up_secs:g} s); restart {'it' if len(gone) == 1 else 'them'} "
             "(same or new address), add a spare PS, or raise the wait; source: the cluster source")
         _LOG.error("%s", self.gave_up)
+        self._gave_up_at = time.monotonic()
         self._interrupt()  # out of MonitoredSession's session re-creation loop; the caller raises gave_up
         return True
 
@@ -277,3 +306,14 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
             self._target_gen += 1
             self.retargets += 1
         return True
+
+
+def exit_process(error: RecoveryError) -> None:
+    """Ends this process with exit code 3 after logging `error` (a trainer stuck after giving up)."""
+    _LOG.error("%s: %s", type(error).__name__, error)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(3)

@@ -49,6 +49,48 @@ def test_a_ps_gone_past_the_bound_with_no_step_interrupts_the_training_thread_wi
     assert any("ps:1 gone" in r.getMessage() and "waiting up to" in r.getMessage() for r in caplog.records)
 
 
+def _wait_for(condition, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_interrupts_the_training_thread_ignores_end_in_on_stuck_once_after_the_bound():
+    # Interrupts that land inside native code can be lost (a trainer once re-created sessions for ten
+    # minutes): after stuck_exit_secs with no acknowledge, on_stuck ends the process, once.
+    fired, stuck = [], []
+    hook = ClusterSourceMigrationHook(_Source(["h:1", ""]), ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.2,
+                                      task="chief:0", interrupt=lambda: fired.append(time.monotonic()),
+                                      stuck_exit_secs=0.5, on_stuck=lambda error: stuck.append((time.monotonic(), error)))
+    hook.begin()
+    try:
+        _wait_for(lambda: stuck)
+        time.sleep(0.2)  # the poller has returned: no second call, no more interrupts
+        after = len(fired)
+        time.sleep(0.2)
+    finally:
+        hook.end(None)
+    assert len(stuck) == 1 and stuck[0][1] is hook.gave_up, stuck
+    assert stuck[0][0] - fired[0] >= 0.5 and len(fired) >= 3, (stuck, fired)
+    assert len(fired) == after
+
+
+def test_an_acknowledged_give_up_stops_the_interrupts_and_never_ends_the_process():
+    fired, stuck = [], []
+    hook = ClusterSourceMigrationHook(_Source(["h:1", ""]), ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.2,
+                                      interrupt=lambda: fired.append(1), stuck_exit_secs=0.5, on_stuck=stuck.append)
+    hook.begin()
+    try:
+        _wait_for(lambda: fired)
+        hook.acknowledge()  # the failover loop raised the RecoveryError: the training thread stopped
+        time.sleep(0.1)
+        count = len(fired)
+        time.sleep(0.8)  # past stuck_exit_secs
+    finally:
+        hook.end(None)
+    assert stuck == [] and len(fired) == count, (stuck, fired)
+
+
 def test_steps_or_the_ps_coming_back_keep_the_hook_waiting():
     source = _Source(["h:1", ""])
     hook = ClusterSourceMigrationHook(source, ["h:1", "h:2"], poll_secs=0.02, give_up_secs=0.3)

@@ -23,6 +23,7 @@ another launcher (``deploy/``, `tf_ecrec.launcher.k8s`) has.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -78,6 +79,20 @@ def _status_sender(cluster: ClusterConfig) -> StatusSender | None:
     """The sender of this task's reports to the launcher, when one listens."""
     address = os.environ.get(ENV_STATUS_ADDRESS)
     return StatusSender(address, cluster.task) if address else None
+
+
+def _exit_stuck(cluster: ClusterConfig) -> Any:
+    """Reports a RecoveryError the training thread did not stop for, then ends the process as `main` would."""
+    from tf_ecrec.migration import exit_process
+
+    def stuck(error: EcRecError) -> None:
+        sender = _status_sender(cluster)
+        if sender is not None:
+            with contextlib.suppress(Exception):
+                sender.send(StatusKind.ERROR, error=f"{type(error).__name__}: {error}")
+        exit_process(error)
+
+    return stuck
 
 
 def _report_recovery(cluster: ClusterConfig) -> Any:
@@ -242,7 +257,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
 
         runner = FailoverLoop(
             cluster, build, ps_source, session_timeout_secs=job.session_timeout, wait_secs=job.ps_wait,
-            on_transition=_report_failover(cluster),
+            on_transition=_report_failover(cluster), on_stuck=_exit_stuck(cluster),
         )
     try:
         runner.train(
