@@ -205,7 +205,7 @@ class FailoverLoop:
             # The migration hook gave up on a gone PS by interrupting this thread; the interrupt lands wherever
             # the thread was (a KeyboardInterrupt, or a RuntimeError from inside TensorFlow's bindings).
             gave_up = self._migration.gave_up if self._migration is not None else None
-            if gave_up is not None:
+            if gave_up is not None and self._migration is not None:
                 self._migration.acknowledge()
                 raise gave_up from None
             raise

@@ -98,7 +98,8 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
             timeout_ms = getattr(config.session_config, "operation_timeout_in_ms", 0) if config.session_config else 0
             plan = RecoveryPlan(optimizer, recovery_listener, model_dir=config.model_dir,
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
-                                ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS)
+                                ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS,
+                                chief=bool(config.is_chief))
             chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
             # The carried commit first: later hooks' fetches then run in a step that carries it.
             hooks = [CarriedCommitHook(), *spec.training_hooks, SessionGenerationHook(context.steps, optimizer.logs)]

@@ -375,8 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     sock.send(json.dumps({"ready": True}).encode())
     request = _serve(sock)
-    if request is None:
-        return 0
+    if request is None:  # the launcher is done with us: skip TensorFlow's second of interpreter teardown
+        sys.stderr.flush()
+        os._exit(0)
     _become_task(request, launcher)
     module, args = request["module"], request["args"]
     # As under `python -m`: the module runs as __main__ only (its imports stay loaded).

@@ -350,14 +350,22 @@ def finish_seconds(events: Sequence[Event], timeline: Sequence[tuple[float, int,
     return round(max(0.0, exits[-1] - max(steps)), 3)
 
 
-def plot_throughput(report: Mapping[str, Any], path: str) -> str | None:
-    """Writes a PNG of throughput over time with kills, restarts and resumptions marked."""
+def preload_plotting() -> Any:
+    """matplotlib's pyplot with the Agg backend (None without matplotlib).  Its import takes half a
+    second: the launcher calls this on a thread while the job trains, so the report's plot need not."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return None
+    return plt
+
+
+def plot_throughput(report: Mapping[str, Any], path: str) -> str | None:
+    """Writes a PNG of throughput over time with kills, restarts and resumptions marked."""
+    if (plt := preload_plotting()) is None:  # pragma: no cover
         _LOG.warning("matplotlib is not installed; no throughput plot")
         return None
     series = report.get("throughput") or []

@@ -9,8 +9,8 @@ The supervisor (this process; it never imports TensorFlow):
    shows it live, and executes each ``--kill TASK@step=N``: SIGKILL when the
    global step reaches N, restart at the same address after
    ``--restart-delay`` seconds, as a pod restart would;
-4. when every training worker has finished, reads the variables back from the
-   PS tasks for the digest, stops the PS tasks and writes the report.
+4. when every training worker has finished, reads the variables back from the PS tasks for the
+   digest, stops the PS tasks and writes the report.
 
 With the job master (the default; `JobSpec` has the data rules):
 
@@ -59,6 +59,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -81,6 +82,7 @@ from tf_ecrec.launcher.master_driver import LEAVE_TIMEOUT_SECS, MasterDriver
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import ProcessTable, TaskState, job_cluster
+from tf_ecrec.launcher.report import preload_plotting
 from tf_ecrec.launcher.run_record import RunRecord, write_report
 from tf_ecrec.launcher.run_state import RunState
 from tf_ecrec.launcher.spec import JobSpec, Strategy
@@ -111,10 +113,8 @@ class Supervisor:
         self._scaling: AutoScaling | None = None
         self._stream: StreamFeed | None = None
         self._token: str | None = None
-        # The end-of-job read of the PS tasks, started while the job trains (see digest_reader).
-        self._reader = DigestReader(model_dir.manifest_file(job.model_dir), model_dir.log_file(job.model_dir, "digest"))
-
-    # ---- lifecycle ---------------------------------------------------------------------------
+        self._reader = DigestReader(model_dir.manifest_file(job.model_dir),  # started while the job trains
+                                    model_dir.log_file(job.model_dir, "digest"))
 
     def run(self) -> dict[str, Any]:
         """Runs the job to the end and returns the report (also written to --report).
@@ -134,6 +134,7 @@ class Supervisor:
         table.forkserver = self._reader.forkserver = ForkServer(table.base_environment(),
                                                                 model_dir.log_file(job.model_dir, "forkserver"))
         table.forkserver.start()  # it imports TensorFlow while the master starts
+        threading.Thread(target=preload_plotting, daemon=True, name="tf-ecrec-preload-plotting").start()
         self._receiver = StatusReceiver()
         self._run.table.environment = {ENV_STATUS_ADDRESS: self._receiver.address, ENV_CLUSTER_FILE: self._run.cluster_file}
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -145,11 +146,11 @@ class Supervisor:
             for type_, addresses in sorted(cluster.items(), key=lambda kv: kv[0] != "ps"):
                 for index in range(len(addresses)):
                     task = self._run.table.add(ClusterConfig(cluster, type_, index))
-                    # Non-chief workers start once the chief has initialised the model:
-                    # started earlier, the stock worker session waits 30 s between checks.
-                    # An --add-worker slot stays empty until its step.
-                    # Under --strategy pss every worker is a server the chief's strategy connects to: all start.
-                    if task.state is TaskState.PENDING and (type_ != "worker" or job.strategy is Strategy.PSS):
+                    # Ours: workers start with the chief (their ready op waits on the PS for its init); stock:
+                    # once it has initialised (the stock worker session checks every 30 s). --add-worker slots
+                    # wait for their step; under --strategy pss every worker is a server: all start.
+                    early = type_ != "worker" or job.strategy is Strategy.PSS or job.fault_tolerance.ours
+                    if task.state is TaskState.PENDING and early:
                         self._run.start(task)
                 if type_ == "ps":
                     for port in spare_ports:

@@ -34,7 +34,7 @@ from typing import Any
 
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 from tf_ecrec.config import ClusterConfig, tf_config_env
-from tf_ecrec.errors import ConfigError, DataError, EcRecError
+from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
 from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
@@ -85,7 +85,7 @@ def _exit_stuck(cluster: ClusterConfig) -> Any:
     """Reports a RecoveryError the training thread did not stop for, then ends the process as `main` would."""
     from tf_ecrec.migration import exit_process
 
-    def stuck(error: EcRecError) -> None:
+    def stuck(error: RecoveryError) -> None:
         sender = _status_sender(cluster)
         if sender is not None:
             with contextlib.suppress(Exception):
@@ -394,4 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tf_ecrec.launcher.child import exit_now
+
+    exit_now(main())

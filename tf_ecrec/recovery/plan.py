@@ -1,40 +1,33 @@
 """Rebuilding lost parameter servers from parity and replicas, at the chief's session re-creation.
 
-The seam (DESIGN.md section 2): when a PS dies, every worker's step fails and
-`MonitoredTrainingSession` re-creates its session.  On the chief that runs
-`SessionManager.prepare_session`, which calls the Scaffold's saver
-``restore()`` when a checkpoint exists and otherwise its ``init_op`` and
-``init_fn``.  `ec_model_fn` hands the Estimator a Scaffold whose saver
-(`ECSaver`), ``init_op`` (a no-op) and ``init_fn`` all lead here, to
-`RecoveryPlan.prepare`, which inspects what is initialised on the PS tasks,
-asks `tf_ecrec.recovery.decision.decide` what to do (the decision table is
-that module's docstring) and does it.
+The seam (DESIGN.md section 2): when a PS dies, every worker's step fails and `MonitoredTrainingSession`
+re-creates its session. On the chief that runs `SessionManager.prepare_session`, which calls the
+Scaffold's saver ``restore()`` when a checkpoint exists and otherwise its ``init_op`` and ``init_fn``.
+`ec_model_fn` hands the Estimator a Scaffold whose saver (`ECSaver`), ``init_op`` (a no-op) and
+``init_fn`` all lead here, to `RecoveryPlan.prepare`, which inspects what is initialised on the PS
+tasks, asks `tf_ecrec.recovery.decision.decide` what to do (its docstring has the table) and does it.
 
-Initialisation, rebuild, restore and checkpoint saves run with `LONG_OP_TIMEOUT_MS` as their deadline.
+Initialisation, rebuild, restore and checkpoint saves have `LONG_OP_TIMEOUT_MS` as deadline.
 
-By default (``background=True``) the table rows of lost PS are rebuilt while
-training goes on: once settled, the lost variables allocated, their dense
-variables copied, their table rows marked pending and every survivor
-preserving the rows they decode from, the whole markers are written and
-trainers resume; a lookup of a pending row waits for it and the rebuild
-installs asked-for rows first (`tf_ecrec.rebuild.background.BackgroundRebuild`,
-docs/rebuild.md).  A session re-created before the rebuild is done resumes
-it; a PS lost meanwhile makes the unfinished one count as lost too.
+By default (``background=True``) the table rows of lost PS are rebuilt while training goes on: once
+settled, the lost variables allocated, their dense variables copied, their table rows marked pending
+and every survivor preserving the rows they decode from, the whole markers are written and trainers
+resume; a lookup of a pending row waits for it and the rebuild installs asked-for rows first
+(`tf_ecrec.rebuild.background.BackgroundRebuild`, docs/rebuild.md). A session re-created before the
+rebuild is done resumes it; a PS lost meanwhile makes the unfinished one count as lost too.
 Checkpoints and the end of training wait for the rebuild.
 
 The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost variables are decoded on their
 PS in bounded slices from the surviving stripe members, dense variables copied from a surviving
-replica.  No table bytes pass through the chief, no checkpoint is read when parity suffices, and
-surviving PS keep their state.  A restore (flash snapshot or checkpoint) is fenced and owes the data
+replica. No table bytes pass through the chief, no checkpoint is read when parity suffices, and
+surviving PS keep their state. A restore (flash snapshot or checkpoint) is fenced and owes the data
 rollback before it writes (`tf_ecrec.recovery.restore`).
 
-Workers wait for the chief with a ready op that first waits on every PS
-(up to `READY_WAIT_SECS`, without holding a PS thread) for the marker the
-chief writes last, and raises ``AbortedError`` (instead of reporting "not
-ready") while variables are still missing: their recoverable session then
-checks again at once instead of sleeping the stock 30 seconds, resumes
-within milliseconds of the chief's last write, and gives up with
-``DeadlineExceeded`` after `READY_DEADLINE_SECS`.
+Workers wait for the chief with a ready op that first waits on every PS (up to `READY_WAIT_SECS`,
+without holding a PS thread) for the marker the chief writes last, and raises ``AbortedError``
+(instead of reporting "not ready") while variables are still missing: their recoverable session then
+checks again at once instead of sleeping the stock 30 seconds, resumes within milliseconds of the
+chief's last write, and gives up with ``DeadlineExceeded`` after `READY_DEADLINE_SECS`.
 """
 
 from __future__ import annotations
@@ -44,7 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import tensorflow as tf
 
@@ -73,6 +66,16 @@ STARTED_MARKER = "tf_ecrec_started"
 variable gone is a lost job, not a fresh one."""
 
 
+class _ChiefOnly:
+    """A part of the plan a non-chief task does not build: any use raises."""
+    def __init__(self, part: str) -> None:
+        self._part = part
+
+    def __getattr__(self, name: str) -> Any:
+        raise ConfigError(f"RecoveryPlan.{self._part}.{name}: built on the chief only; rule: recovery and "
+                          "settlement run on the chief; source: RecoveryPlan(chief=False)")
+
+
 class RecoveryPlan:
     """The ops and the procedure that bring a session's variables back; build it before finalize.
 
@@ -90,6 +93,8 @@ class RecoveryPlan:
       ready_wait_secs: how long one ready check of a worker waits on the PS
         for the state to be whole (keep it under the session's operation
         timeout, which cuts any call).
+      chief: False on a task that never recovers (a worker): the rebuild and settlement ops (a second
+        of its start) are not built, and ``rebuilder`` / ``reconciler`` raise if used.
       rebuild_share: the fraction of the time a background rebuild walks
         its slices, in (0, 1]: below 1 the walk pauses after each slice
         for as long as the slice took, scaled, leaving the PS tasks' CPU to
@@ -98,7 +103,7 @@ class RecoveryPlan:
 
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
                  slice_bytes: int = DEFAULT_SLICE_BYTES, background: bool = True,
-                 ready_wait_secs: float = READY_WAIT_SECS, rebuild_share: float = 1.0) -> None:
+                 ready_wait_secs: float = READY_WAIT_SECS, rebuild_share: float = 1.0, chief: bool = True) -> None:
         if not ready_wait_secs >= 0:
             raise ConfigError(f"ready_wait_secs={ready_wait_secs!r}; rule: >= 0; source: RecoveryPlan(ready_wait_secs=)")
         self.ready_wait_secs = float(ready_wait_secs)
@@ -128,10 +133,13 @@ class RecoveryPlan:
             self._init_whole = {p: v.initializer for p, v in self.whole_markers.items()}
         self._by_name = {v.op.name: v for v in self.variables}
         self._marker_names = {v.op.name for v in self.whole_markers.values()}
-        self.rebuilder = Rebuilder(optimizer, self._colls, slice_bytes=slice_bytes)
-        self.reconciler = Reconciler(
-            optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
-        )
+        if chief:
+            self.rebuilder = Rebuilder(optimizer, self._colls, slice_bytes=slice_bytes)
+            self.reconciler = Reconciler(
+                optimizer.targets, optimizer.logs, optimizer.expected_folds, commit_timeout_ms=optimizer.commit_timeout_ms
+            )
+        else:  # a worker's graph only waits for the chief's (its ready op)
+            self.rebuilder, self.reconciler = cast(Rebuilder, _ChiefOnly("rebuilder")), cast(Reconciler, _ChiefOnly("reconciler"))
         self.protected_names = protected_names(optimizer, self._colls)
         self.flash: Any = None  # tf_ecrec.flash.FlashSnapshots (ec_model_fn): restores prefer its newer snapshots
 
