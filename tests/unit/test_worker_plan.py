@@ -46,6 +46,6 @@ def test_a_workers_plan_builds_what_its_ready_op_needs_and_no_rebuild_or_settlem
 def test_using_a_part_a_worker_does_not_build_is_a_config_error_naming_it():
     _, plan, _ = _build(chief=False)
     with pytest.raises(ConfigError, match=r"RecoveryPlan.rebuilder.reencode: built on the chief only"):
-        plan.rebuilder.reencode
+        plan.rebuilder.reencode(None)
     with pytest.raises(ConfigError, match=r"RecoveryPlan.reconciler.settle_stale: built on the chief only"):
-        plan.reconciler.settle_stale
+        plan.reconciler.settle_stale(None, [], {})
