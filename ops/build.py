@@ -205,10 +205,11 @@ def _compile_and_link(cxx: str, flags: Sequence[str], link_flags: Sequence[str],
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    compile_flags = [f for f in flags if f != "-shared"]
+    compile_flags = [f for f in flags if f != "-shared"] + [f"-I{REPO_ROOT}"]
+    compile_flags += _precompiled_header(cxx, compile_flags, objects, verbose)
     sources = _sources(source_dir)
     outputs = [os.path.join(objects, f"{i:03d}_{src.stem}.o") for i, src in enumerate(sources)]
-    commands = [[cxx, *compile_flags, f"-I{REPO_ROOT}", "-c", str(src), "-o", obj] for src, obj in zip(sources, outputs)]
+    commands = [[cxx, *compile_flags, "-c", str(src), "-o", obj] for src, obj in zip(sources, outputs)]
     if verbose:
         print(" ".join(shlex.quote(c) for c in commands[0][:-4]), "-c SOURCE -o OBJECT")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -222,6 +223,34 @@ def _compile_and_link(cxx: str, flags: Sequence[str], link_flags: Sequence[str],
     result = subprocess.run(link, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"linking the tf_ecrec ops failed (exit {result.returncode}):\n{result.stderr[-20000:]}")
+
+
+PRECOMPILED = (  # the TensorFlow headers most sources include: parsed once, not once per source
+    "#define EIGEN_USE_THREADS",  # as the kernels that use Eigen's thread pool define it, first
+    '#include "tensorflow/core/framework/op_kernel.h"',
+    '#include "tensorflow/core/framework/resource_mgr.h"',
+    '#include "tensorflow/core/framework/op.h"',
+    '#include "tensorflow/core/framework/shape_inference.h"',
+    '#include "tensorflow/core/framework/common_shape_fns.h"',
+    '#include "unsupported/Eigen/CXX11/Tensor"',
+)
+
+
+def _precompiled_header(cxx: str, compile_flags: Sequence[str], objects: str, verbose: bool) -> list[str]:
+    """Precompiles `PRECOMPILED` (GCC: ``ec_pch.h.gch`` beside ``ec_pch.h`` in `objects`) with the sources'
+    own flags, and returns the flags that make every source include it first: each source then skips
+    several seconds of header parsing (the whole build takes about half as long on 2 cores).  A compiler
+    that cannot precompile it gets no flags: the sources compile as they are."""
+    header = os.path.join(objects, "ec_pch.h")
+    with open(header, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(PRECOMPILED) + "\n")
+    result = subprocess.run([cxx, *compile_flags, "-x", "c++-header", header, "-o", header + ".gch"],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        if verbose:
+            print(f"no precompiled header ({cxx} exit {result.returncode}); compiling without one")
+        return []
+    return ["-include", header, "-Winvalid-pch"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

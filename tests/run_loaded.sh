@@ -10,7 +10,7 @@
 #   bash tests/run_loaded.sh                    # every test, loaded
 #   HOGS=1 bash tests/run_loaded.sh -m unit     # one hog, the unit tier
 #
-# It does not install anything: run tests/setup_machine.sh and the pip installs first (.ci/run).
+# It does not install anything: run tests/setup_machine.sh first (as .ci/run does).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -39,6 +39,23 @@ def test_sources_compile_on_several_jobs_into_one_library(tmp_path: Path) -> Non
     assert [getattr(loaded, f"part{i}")() for i in range(5)] == [0, 7, 14, 21, 28]
 
 
+def test_every_source_includes_the_precompiled_header_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real header is TensorFlow's (ops/build.py PRECOMPILED); here one the sources cannot compile without.
+    build = _build_module()
+    monkeypatch.setattr(build, "PRECOMPILED", ("#define EC_ANSWER 42",))
+    src = tmp_path / "cc"
+    for i in range(3):
+        _write(src, f"part{i}.cc", f'extern "C" int part{i}() {{ return EC_ANSWER + {i}; }}\n')
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    library = str(tmp_path / "lib.so")
+    build._compile_and_link("g++", ["-std=c++17", "-shared", "-fPIC", "-O0"], [], str(objects), library, 2, False,
+                            source_dir=src)
+    assert (objects / "ec_pch.h.gch").exists()
+    loaded = ctypes.CDLL(library)
+    assert [getattr(loaded, f"part{i}")() for i in range(3)] == [42, 43, 44]
+
+
 def test_a_failing_source_is_named_with_the_compilers_message(tmp_path: Path) -> None:
     build = _build_module()
     src = tmp_path / "cc"
