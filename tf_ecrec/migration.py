@@ -25,10 +25,7 @@ poll the job master's ``ps_version`` or watch a membership backend are in
 from __future__ import annotations
 
 import _thread
-import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +37,7 @@ from tf_ecrec.cluster_source import ClusterSource, read_view
 from tf_ecrec.embedding import current_context
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
+from tf_ecrec.process_end import end_process
 from tf_ecrec.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
@@ -308,12 +306,8 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         return True
 
 
+
 def exit_process(error: RecoveryError) -> None:
     """Ends this process with exit code 3 after logging `error` (a trainer stuck after giving up)."""
     _LOG.error("%s: %s", type(error).__name__, error)
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    os._exit(3)
+    end_process(3)

@@ -30,6 +30,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.errors": 0,
     "tf_ecrec.version": 0,
     "tf_ecrec.retry": 0,
+    "tf_ecrec.process_end": 0,
     "tf_ecrec.config": 0,
     "tf_ecrec.ec_config": 0,
     "tf_ecrec.gf16": 0,

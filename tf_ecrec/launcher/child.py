@@ -16,9 +16,7 @@ child is started with ``vfork`` and no handler runs.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import logging
 import os
 import runpy
 import signal
@@ -52,20 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
-
-
-def exit_now(code: int) -> None:
-    """Ends the task process with `code` once its work is done and flushed, skipping the interpreter's
-    teardown: TensorFlow's (gRPC channels, thread pools, the server) takes about a second, in which
-    the launcher still sees a trainer that has finished as running."""
-    if "tensorflow" in sys.modules:
-        with contextlib.suppress(Exception):  # event files written through the cache: flushed and closed
-            sys.modules["tensorflow"].compat.v1.summary.FileWriterCache.clear()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

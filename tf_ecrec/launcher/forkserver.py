@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tf_ecrec.errors import LaunchError
+from tf_ecrec.process_end import end_process
 
 ENV_FORKSERVER = "TF_ECREC_FORKSERVER"  # "0": every task imports TensorFlow itself
 _PR_SET_PDEATHSIG = 1
@@ -376,8 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.send(json.dumps({"ready": True}).encode())
     request = _serve(sock)
     if request is None:  # the launcher is done with us: skip TensorFlow's second of interpreter teardown
-        sys.stderr.flush()
-        os._exit(0)
+        end_process(0)
     _become_task(request, launcher)
     module, args = request["module"], request["args"]
     # As under `python -m`: the module runs as __main__ only (its imports stay loaded).

@@ -394,6 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tf_ecrec.launcher.child import exit_now
+    from tf_ecrec.process_end import end_process
 
-    exit_now(main())
+    end_process(main())  # TensorFlow's interpreter teardown would keep a finished task alive for a second
