@@ -149,7 +149,7 @@ class Supervisor:
                     # Ours: workers start with the chief (their ready op waits on the PS for its init); stock:
                     # once it has initialised (the stock worker session checks every 30 s). --add-worker slots
                     # wait for their step; under --strategy pss every worker is a server: all start.
-                    early = type_ != "worker" or job.strategy is Strategy.PSS or job.fault_tolerance.ours
+                    early = type_ != "worker" or job.strategy is Strategy.PSS or (job.fault_tolerance.ours and job.flash is None)
                     if task.state is TaskState.PENDING and early:
                         self._run.start(task)
                 if type_ == "ps":
