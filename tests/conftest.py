@@ -46,9 +46,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
 
 
-def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``) and returns the finished process."""
+def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | None = None,
+        plot: bool = False) -> subprocess.CompletedProcess:
+    """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``) and returns the finished process.
+
+    ``tf-ecrec run`` gets ``--no-plot`` unless `plot`: matplotlib's import and the render are about
+    1.5 CPU-s per job, on a suite bound by CPU; the plot is checked by one e2e job of its own
+    (test_adoption's model module, run without this helper) and by the unit tests of the report.
+    """
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    if args[:1] == ("run",) and not plot:
+        args = (*args, "--no-plot")
     return subprocess.run(
         [sys.executable, "-m", "tf_ecrec.cli", *args],
         capture_output=True,

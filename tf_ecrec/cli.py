@@ -22,6 +22,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy, values
@@ -138,6 +139,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "1-hour deadline, whatever the model's size",
     )
     p.add_argument("--report", default=None, help="report path (default MODEL_DIR/report.json)")
+    p.add_argument("--no-plot", dest="plot", action="store_false",
+                   help="no throughput plot beside the report (saves matplotlib's import and render, ~1.5 CPU-s)")
     p.add_argument("--optimizer", default="adagrad", choices=values(Optimizer))
     p.add_argument("--learning-rate", type=float, default=0.05)
     p.add_argument("--table-rows", type=int, default=20000, help="rows of each of the 26 tables")
@@ -179,12 +182,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--autoscale-window", type=float, default=15.0, help="seconds of training measured per trainer count")
 
 
-def _run(args: argparse.Namespace) -> int:
+def job_from_args(args: argparse.Namespace) -> Any:
+    """The `JobSpec` of parsed ``tf-ecrec run`` arguments (typed errors for bad values)."""
     from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
-    from tf_ecrec.launcher.spec import MODELS, JobSpec
-    from tf_ecrec.launcher.supervisor import Supervisor
+    from tf_ecrec.launcher.spec import JobSpec
 
-    job = JobSpec(
+    return JobSpec(
         model=args.model,
         data=args.data,
         ps=args.ps,
@@ -211,6 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         autoscale_window=args.autoscale_window,
         report=args.report,
+        plot=args.plot,
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
         table_rows=args.table_rows,
@@ -234,6 +238,13 @@ def _run(args: argparse.Namespace) -> int:
         removes=parse_removes(args.remove_worker),
         strategy=args.strategy,
     )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tf_ecrec.launcher.spec import MODELS
+    from tf_ecrec.launcher.supervisor import Supervisor
+
+    job = job_from_args(args)
     if job.model not in MODELS or job.strategy is Strategy.PSS:
         # A user's module (and any under pss, which needs keras_model) is imported here first, so a broken one
         # fails before any process starts; the tasks import it the same way (`python -m` puts the working

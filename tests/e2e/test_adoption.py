@@ -131,6 +131,9 @@ def test_a_users_model_module_runs_under_the_launcher_with_its_faults_and_report
     assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
     parity = report["parity"]
     assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0 and parity["stripes_checked"] > 0, parity
+    # The throughput plot beside the report (the other e2e jobs run with --no-plot: tests/conftest.py's cli).
+    assert report["plot"] == os.path.join(model_dir, "report.png") and os.path.getsize(report["plot"]) > 10_000, report["plot"]
+    assert f"(plot: {report['plot']})" in done.stderr
     with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
         names = {v["name"] for v in json.load(fh)["variables"]}
     assert {"ec/wide/ps0/data", "ec/wide/ps1/data", "ec/deep/ps0/data", "ec/deep/ps1/data"} <= names, sorted(names)

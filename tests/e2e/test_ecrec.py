@@ -106,20 +106,27 @@ def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(
     """--spare-ps: the killed PS's role goes to a running spare (no restart), its address replaces the lost one
     in the cluster file, trainers re-create their sessions for it in place, the chief rebuilds it from parity; a new spare
     starts behind it and takes the next loss.  A replacement would come back only after 20 s (a rescheduled pod):
-    with a spare, every trainer trains again long before that (issue 33)."""
+    with a spare, every trainer trains again long before that (issue 33).  The spare itself killed while it stands
+    by (issue 33) is replaced at once (a spare holds no state: nothing to recover, no trainer affected), and the PS
+    lost next takes the replacement.  One job for both claims: launched jobs are most of the suite's CPU."""
     report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "500", "--spare-ps", "1",
-                       "--kill", "ps:1@step=200", "--kill", "ps:2@step=350", "--restart-delay", "20")
+                       "--kill", "spare:0@step=100", "--kill", "ps:1@step=200", "--kill", "ps:2@step=350",
+                       "--restart-delay", "20")
+    events = report["events"]
+    assert [(e["task"], e["code"]) for e in events if e["kind"] == "spare_lost"] == [("spare:0", -9)]
+    assert "is gone (killed by --kill spare:0@step=100); a new spare replaces it" in err
+    assert [r["task"] for r in report["recovery"]] == ["ps:1", "ps:2"]  # the spare's loss is no failure of the job
     assert [r["method"] for r in report["recovery"]] == ["parity", "parity"], report["recovery"]
     assert all(r["steps_rolled_back"] == 0 and r["bytes_rebuilt"] > 0 for r in report["recovery"])
-    moves = [e for e in report["events"] if e["kind"] == "move"]
-    assert [(m["task"], m["spare"]) for m in moves] == [("ps:1", "spare:0"), ("ps:2", "spare:1")]
-    assert not [e for e in report["events"] if e["kind"] == "restart"]  # nothing waited for a process to start
-    assert [e["task"] for e in report["events"] if e["kind"] == "spare"] == ["spare:0", "spare:1", "spare:2"]
+    moves = [e for e in events if e["kind"] == "move"]
+    assert [(m["task"], m["spare"]) for m in moves] == [("ps:1", "spare:1"), ("ps:2", "spare:2")]
+    assert not [e for e in events if e["kind"] in ("restart", "crash")]  # nothing waited for a process to start
+    assert [e["task"] for e in events if e["kind"] == "spare"] == ["spare:0", "spare:1", "spare:2", "spare:3"]
     for rec, move in zip(report["recovery"], moves):
         assert rec["address"] == move["new"] != move["old"]
     # Each trainer followed each move in place (its session re-created for the new address inside the same
     # Estimator.train), without leaving training to rebuild its Estimator.
-    failovers = [(e["task"], e["state"]) for e in report["events"] if e["kind"] == "failover"]
+    failovers = [(e["task"], e["state"]) for e in events if e["kind"] == "failover"]
     assert sorted(t for t, s in failovers if s == "retarget") == ["chief:0", "chief:0", "worker:0", "worker:0"]
     assert not [f for f in failovers if f[1] == "wait"], failovers
     _assert_every_trainer_back(report)
@@ -128,29 +135,8 @@ def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(
     with open(os.path.join(tmp_path, "cluster.json"), encoding="utf-8") as fh:
         cluster = json.load(fh)
     assert cluster["ps"][1:] == [moves[0]["new"], moves[1]["new"]] and cluster["version"] == 2  # one per move
-    assert "spare:0 at " in err and "takes the role of ps:1" in err
-    assert set(report["memory"]) >= {"chief:0", "worker:0", "ps:0", "ps:1", "spare:2"}
-
-
-def test_a_killed_spare_is_replaced_at_once_and_the_next_ps_loss_still_finds_one(tmp_path):
-    """Issue 33: the spare itself killed while it stands by.  A new spare starts at once (a spare holds no
-    state: nothing to recover, no trainer affected), and a PS lost later takes that one, with a replacement
-    PS that would take 20 s: nothing waits for a process to start."""
-    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "400", "--spare-ps", "1",
-                       "--kill", "spare:0@step=100", "--kill", "ps:1@step=250", "--restart-delay", "20")
-    events = report["events"]
-    assert [(e["task"], e["code"]) for e in events if e["kind"] == "spare_lost"] == [("spare:0", -9)]
-    assert [e["task"] for e in events if e["kind"] == "spare"] == ["spare:0", "spare:1", "spare:2"]
-    moves = [e for e in events if e["kind"] == "move"]
-    assert [(m["task"], m["spare"]) for m in moves] == [("ps:1", "spare:1")]
-    assert not [e for e in events if e["kind"] in ("restart", "crash")]
-    (rec,) = report["recovery"]  # the spare's loss is no failure of the job
-    assert rec["task"] == "ps:1" and rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
-    assert rec["address"] == moves[0]["new"]
-    _assert_every_trainer_back(report)
-    assert report["data"]["records_trained"] >= report["data"]["records_total"]
-    _assert_parity_exact(report, stripes=3)
-    assert "is gone (killed by --kill spare:0@step=100); a new spare replaces it" in err
+    assert "spare:1 at " in err and "takes the role of ps:1" in err
+    assert set(report["memory"]) >= {"chief:0", "worker:0", "ps:0", "ps:1", "spare:3"}
 
 
 def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_whole(tmp_path):

@@ -163,6 +163,22 @@ def test_report_has_the_stable_fields_and_a_plot(tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_no_plot_writes_the_report_alone(tmp_path):
+    from tf_ecrec.cli import build_parser, job_from_args
+    from tf_ecrec.launcher.run_record import write_report
+
+    parse = build_parser().parse_args
+    assert job_from_args(parse(["run", "--model-dir", str(tmp_path)])).plot is True
+    job = job_from_args(parse(["run", "--model-dir", str(tmp_path), "--no-plot"]))
+    assert job.plot is False and JobSpec.from_json(job.to_json()).plot is False
+    for plot in (False, True):
+        path = str(tmp_path / f"report-{plot}.json")
+        write_report({"throughput": [[0.0, 10.0], [1.0, 12.0]], "events": [], "recovery": []}, path, plot=plot)
+        with open(path, encoding="utf-8") as fh:
+            written = json.load(fh)["plot"]
+        assert (written is not None) is plot and os.path.exists(path[:-5] + ".png") is plot, written
+
+
 def test_with_a_master_the_data_section_is_the_masters_counters_and_the_in_flight_bound():
     from tf_ecrec.master.sharding import DataStats
 

@@ -111,5 +111,5 @@ def summary(report: dict[str, Any], path: str) -> str:
                 f"{report.get('global_step'):,} steps hold at most {data['records_in_model_max']:,})"
             )
     lines.append(f"  variables_sha256 {report['variables_sha256']}")
-    lines.append(f"report: {path} (plot: {report.get('plot')})")
+    lines.append(f"report: {path}" + (f" (plot: {report['plot']})" if report.get("plot") else ""))
     return "\n".join(lines)

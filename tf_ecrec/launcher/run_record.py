@@ -113,8 +113,9 @@ class RunRecord:
         return report
 
 
-def write_report(report: dict[str, Any], path: str) -> None:
-    """Writes `report` to `path` as JSON, with its throughput plot beside it (``report["plot"]``)."""
-    report["plot"] = plot_throughput(report, os.path.splitext(path)[0] + ".png")
+def write_report(report: dict[str, Any], path: str, plot: bool = True) -> None:
+    """Writes `report` to `path` as JSON, with its throughput plot beside it (``report["plot"]``: its path,
+    None without `plot`)."""
+    report["plot"] = plot_throughput(report, os.path.splitext(path)[0] + ".png") if plot else None
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)

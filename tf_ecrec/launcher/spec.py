@@ -109,6 +109,7 @@ class JobSpec:
     storage: Storage | None = None
     kills: tuple[KillSpec, ...] = ()
     report: str | None = None
+    plot: bool = True  # the report's throughput plot (a PNG beside it)
     optimizer: Optimizer = Optimizer.ADAGRAD
     table_rows: int = 20000
     embedding_dim: int = 16

@@ -134,7 +134,8 @@ class Supervisor:
         table.forkserver = self._reader.forkserver = ForkServer(table.base_environment(),
                                                                 model_dir.log_file(job.model_dir, "forkserver"))
         table.forkserver.start()  # it imports TensorFlow while the master starts
-        threading.Thread(target=preload_plotting, daemon=True, name="tf-ecrec-preload-plotting").start()
+        if job.plot:
+            threading.Thread(target=preload_plotting, daemon=True, name="tf-ecrec-preload-plotting").start()
         self._receiver = StatusReceiver()
         self._run.table.environment = {ENV_STATUS_ADDRESS: self._receiver.address, ENV_CLUSTER_FILE: self._run.cluster_file}
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -146,9 +147,8 @@ class Supervisor:
             for type_, addresses in sorted(cluster.items(), key=lambda kv: kv[0] != "ps"):
                 for index in range(len(addresses)):
                     task = self._run.table.add(ClusterConfig(cluster, type_, index))
-                    # Ours: workers start with the chief (their ready op waits on the PS for its init); stock:
-                    # once it has initialised (the stock worker session checks every 30 s). --add-worker slots
-                    # wait for their step; under --strategy pss every worker is a server: all start.
+                    # Ours without flash: workers start with the chief (their ready op waits on the PS); else once
+                    # it has initialised. --add-worker slots wait for their step; under pss every worker starts.
                     early = type_ != "worker" or job.strategy is Strategy.PSS or (job.fault_tolerance.ours and job.flash is None)
                     if task.state is TaskState.PENDING and early:
                         self._run.start(task)
@@ -174,7 +174,7 @@ class Supervisor:
             signal.signal(signal.SIGTERM, previous)
         report = self._run.record.report(job, digest, data_state)
         path = model_dir.report_file(job.model_dir, job.report)
-        write_report(report, path)
+        write_report(report, path, plot=job.plot)
         self._run.console.print(summary(report, path))
         return report
 
