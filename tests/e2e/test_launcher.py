@@ -70,7 +70,7 @@ def test_checkpoint_mode_survives_a_ps_kill_and_reports_the_rollback(tmp_path):
     assert restored, "the chief never restored a checkpoint"
     # Another worker may complete a step before the chief reads the restored step.
     assert restored[-1] <= rec["resumed_from_step"] <= restored[-1] + 1
-    assert 0 < rec["steps_rolled_back"] == rec["killed_at_step"] - rec["resumed_from_step"]
+    assert 0 < rec["steps_rolled_back"] == rec["reached_step"] - rec["resumed_from_step"]
     assert 0 < rec["seconds_to_resume"] <= rec["seconds_to_regain"]
     kinds = [e["kind"] for e in report["events"] if e["task"] == "ps:1"]
     assert kinds[:3] == ["start", "kill", "restart"] and "resumed" in kinds and "regained" in kinds

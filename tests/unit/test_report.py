@@ -55,6 +55,18 @@ def test_the_step_reached_counts_datagrams_sent_before_the_kill_that_the_launche
     timeline = [(t0 + 19.0, 1200, 256), (t0 + 19.5, 1203, 384), (t0 + 19.9, 1206, 384), (t0 + 28.0, 1207, 128)]
     (entry,) = recovery_entries(_events(), timeline=timeline, t0=t0)
     assert entry["killed_at_step"] == 1200 and entry["reached_step"] == 1206
+    # The restore went back to 1,000 from 1,206, not from the trigger's 1,200: the rollback counts from the step
+    # reached (the trigger's would undercount a kill read late by as many steps as were unread).
+    assert entry["resumed_from_step"] == 1000 and entry["steps_rolled_back"] == 206, entry
+
+
+def test_a_recovery_that_went_on_past_a_late_read_trigger_rolled_nothing_back():
+    t0 = 1000.0
+    events = [Event(0.0, "start", "ps:1", 0), Event(20.0, "kill", "ps:1", 1200), Event(24.0, "session", "chief:0", 1206),
+              Event(25.0, "resumed", "ps:1", 1207), Event(25.0, "recovered", "ps:1", 1207, {"method": "parity"})]
+    timeline = [(t0 + 19.0, 1200, 256), (t0 + 19.9, 1206, 384), (t0 + 25.0, 1207, 128)]
+    (entry,) = recovery_entries(events, timeline=timeline, t0=t0)
+    assert entry["resumed_from_step"] == 1206 and entry["steps_rolled_back"] == 0, entry
 
 
 def test_recovery_entry_names_the_new_address_and_counts_the_failovers_until_resumed():

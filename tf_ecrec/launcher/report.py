@@ -20,8 +20,8 @@ Field names are stable (other tools read them):
     (the lowest global step seen after the kill, i.e. the step the job went
     on from: the restored checkpoint's step under checkpointing; with several
     workers it may read up to workers - 1 steps high), ``steps_rolled_back``
-    (completed steps lost: ``killed_at_step - resumed_from_step`` less
-    ``steps_undone``), ``steps_undone`` (for "parity": steps the failure cut
+    (completed steps lost: ``reached_step - resumed_from_step`` less
+    ``steps_undone``; the trigger's step would undercount a kill read late), ``steps_undone`` (for "parity": steps the failure cut
     mid-step that settlement undid; their global-step increments go with
     them, their records are retrained), ``seconds_to_resume`` (kill
     until the first step after it completed), ``seconds_to_regain`` (kill
@@ -167,7 +167,9 @@ def recovery_entries(
         ]
         if resumed is not None:
             seen.append(resumed.global_step)
-        resumed_from = min(min(seen), kill.global_step) if seen else None
+        # The highest step reported sent before the kill (datagrams read late land past the trigger).
+        reached = max([kill.global_step] + [s for t, s, _ in timeline if t - t0 <= kill.t])
+        resumed_from = min(min(seen), reached) if seen else None
         upto = resumed.t if resumed is not None else float("inf")
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
         failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") in ("build", "retarget") and e.t <= upto]
@@ -180,11 +182,9 @@ def recovery_entries(
             {
                 "task": kill.task,
                 "killed_at_step": kill.global_step,
-                # The highest step a trainer reported sending before the kill (the datagrams' own clock):
-                # under load the launcher reads datagrams late, and the kill lands past `killed_at_step`.
-                "reached_step": max([kill.global_step] + [s for t, s, _ in timeline if t - t0 <= kill.t]),
+                "reached_step": reached,
                 "resumed_from_step": resumed_from,
-                "steps_rolled_back": None if resumed_from is None else max(0, kill.global_step - resumed_from - undone),
+                "steps_rolled_back": None if resumed_from is None else max(0, reached - resumed_from - undone),
                 "steps_undone": undone,
                 "seconds_to_resume": None if resumed is None else round(resumed.t - kill.t, 3),
                 "seconds_to_regain": None if regained is None else round(regained.t - kill.t, 3),
