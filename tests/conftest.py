@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -48,7 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | None = None,
         plot: bool = False) -> subprocess.CompletedProcess:
-    """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``) and returns the finished process.
+    """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``, forked from the session's fork server,
+    `harness.zygote`) and returns the finished process.
 
     ``tf-ecrec run`` gets ``--no-plot`` unless `plot`: matplotlib's import and the render are about
     1.5 CPU-s per job, on a suite bound by CPU; the plot is checked by one e2e job of its own
@@ -57,18 +59,14 @@ def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | No
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     if args[:1] == ("run",) and not plot:
         args = (*args, "--no-plot")
-    return subprocess.run(
-        [sys.executable, "-m", "tf_ecrec.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
+    from harness import zygote  # pylint: disable=import-outside-toplevel
+
+    return zygote.run([sys.executable, "-m", "tf_ecrec.cli", *args], env=env, cwd=cwd, timeout=timeout)
 
 
 def run_in_fresh_process(target: str, timeout: float = 600) -> None:
-    """Calls ``target`` ("module:function", importable from tests/) in a new interpreter.
+    """Calls ``target`` ("module:function", importable from tests/) in a process of its own (forked from
+    the session's fork server, `harness.zygote`: TensorFlow imported, no session or thread yet).
 
     For tests of what TensorFlow fixes at a process's first session, such as
     the size of the intra-op thread pool. The child imports the same
@@ -81,22 +79,35 @@ def run_in_fresh_process(target: str, timeout: float = 600) -> None:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_ecrec.__file__)))
     path = os.pathsep.join(p for p in (os.path.join(REPO, "tests"), package_root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_OVERRIDE_GLOBAL_THREADPOOL": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", f"import {module}; {module}.{function}()"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # Where it waits: SIGABRT makes faulthandler (enabled by the cases, `harness.pss_cluster.exit_with`)
-        # print every thread's Python stack before the process dies.
-        proc.send_signal(signal.SIGABRT)
+    from harness import zygote  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        proc = zygote.popen([sys.executable, "-c", f"import {module}; {module}.{function}()"], env=env,
+                            stdout=out_file, stderr=err_file)
+
+        def output() -> tuple[str, str]:
+            texts = []
+            for stream in (out_file, err_file):
+                stream.seek(0)
+                texts.append(stream.read().decode("utf-8", errors="replace"))
+            return texts[0], texts[1]
+
         try:
-            out, err = proc.communicate(timeout=30)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        raise AssertionError(f"{target} did not end within {timeout} s; its threads' stacks:\n{out[-12000:]}\n"
-                             f"{err[-3000:]}") from None
-    assert proc.returncode == 0, f"{target} failed:\n{out[-5000:]}\n{err[-5000:]}"
+            # Where it waits: SIGABRT makes faulthandler (enabled by the cases, `harness.pss_cluster.exit_with`)
+            # print every thread's Python stack before the process dies.
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            out, err = output()
+            raise AssertionError(f"{target} did not end within {timeout} s; its threads' stacks:\n{out[-12000:]}\n"
+                                 f"{err[-3000:]}") from None
+        out, err = output()
+    assert code == 0, f"{target} failed:\n{out[-5000:]}\n{err[-5000:]}"
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 
 The PS and worker tasks are ``tf.distribute.Server`` processes that load the
 op library and reconnect fast (as the launcher's tasks, `harness.pss_server`);
-the test's own process is the coordinator.  They are forked from the
-launcher's fork server (`tf_ecrec.launcher.forkserver`), which imports
-TensorFlow once for all of them and for every restart: a cluster of 3 PS and
-2 workers otherwise spends about 25 s of CPU importing it five times.  A PS can be killed and restarted at its address
+the test's own process is the coordinator.  They are forked from the test
+process's fork server (`harness.zygote`), which imports TensorFlow once for
+all of them, every restart and every other cluster: a cluster of 3 PS and 2
+workers otherwise spends about 25 s of CPU importing it five times.  A PS can be killed and restarted at its address
 or at a new one (`restart(..., new_port=True)`), which its `resolver()`
 then reports, as a cluster resolver backed by a scheduler would.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tf_ecrec.launcher.forkserver import ForkServer, start_process
+from harness import zygote
+from tf_ecrec.launcher.forkserver import start_process
 
 
 def free_port() -> int:
@@ -39,9 +39,7 @@ class ServerForks:
         self.plain = plain
         self._env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
                      "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
-        self._log = tempfile.NamedTemporaryFile(prefix="pss-forkserver-", suffix=".log", delete=False)
-        self._forks = ForkServer(self._env, self._log.name)
-        self._forks.start()  # no server (no subreaper, TF_ECREC_FORKSERVER=0): each task imports on its own
+        self._forks = zygote.server()  # None (TF_ECREC_FORKSERVER=0): each task imports on its own
 
     def spawn(self, spec: dict[str, list[str]], job: str, index: int) -> tuple[Any, Any]:
         """Starts the task; returns its process and the stream its ``up`` line comes on."""
@@ -68,7 +66,7 @@ class ServerForks:
         return proc
 
     def close(self) -> None:
-        self._forks.close()
+        """The server is the test process's (`harness.zygote`), shared with every other cluster: it stays up."""
 
 
 class PSSCluster:

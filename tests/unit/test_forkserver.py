@@ -1,7 +1,7 @@
 """The launcher's fork server (`tf_ecrec.launcher.forkserver`) against what ``python -m`` gives a task.
 
-Each case runs in a fresh interpreter: the server makes the process that starts it a child
-subreaper, which pytest's own process should not become.  The server preloads only `json` here
+Each case runs in a process of its own (`run_in_fresh_process`): the server makes the process that
+starts it a child subreaper.  The server preloads only `json` here
 (what it saves is TensorFlow's import; what it must keep is the process contract, checked side by
 side with the same module started on its own).
 """
@@ -19,17 +19,20 @@ from typing import Any
 
 from harness.procs import running
 
+from tf_ecrec.launcher import forked_process
 from tf_ecrec.launcher.child import command
 from tf_ecrec.launcher.forkserver import ENV_FORKSERVER, ForkedProcess, ForkServer
 
 PROBE = textwrap.dedent(
     """
-    import json, os, sys
+    import json, logging, os, sys
     if __name__ == "__main__":
         line = sys.stdin.readline().strip()
+        logging.basicConfig(level=logging.INFO)  # takes, as in a new interpreter: the launcher's setup is not ours
         print(json.dumps({"argv": sys.argv[1:], "stdin": line, "cwd": os.getcwd(), "ppid": os.getppid(),
                           "env": os.environ.get("PROBE_VALUE"), "name": __name__,
-                          "path_has_probe_dir": os.environ.get("PROBE_DIR") in sys.path}))
+                          "path_has_probe_dir": os.environ.get("PROBE_DIR") in sys.path,
+                          "log": [logging.getLogger().level, len(logging.getLogger().handlers)]}))
         print("to stderr", file=sys.stderr)
         sys.stdout.flush()
         code = sys.argv[1]
@@ -78,13 +81,23 @@ def _own_process(module: str, args: list[str], env: dict, stdin: int, stdout: in
     return subprocess.Popen(command(module, *args), env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
 
-def contract_case() -> None:
-    """The same probe, forked and on its own: the same argv, stdin, streams, cwd, env, parent and exit codes."""
+def contract_case(self_forked: bool = False) -> None:
+    """The same probe, forked and on its own: the same argv, stdin, streams, cwd, env, parent and exit codes.
+
+    The case runs in a process forked from the test session's server (`harness.zygote`): with
+    `self_forked` its own server is a fork of itself (as a launcher forked so makes it), else a new
+    interpreter (as the launcher a user starts makes it).
+    """
+    import logging
+
+    forked_process.FORKED_TASK = self_forked
+    logging.basicConfig(level=logging.ERROR)  # the launcher's own (tf-ecrec's CLI sets one)
     probe_dir = _probe_dir()
     workdir = tempfile.mkdtemp(prefix="fs_work_")
     server = ForkServer(os.environ, os.path.join(workdir, "forkserver.log"), preload=("json",))
     server.start()
     assert server.usable
+    assert isinstance(server._proc, ForkedProcess) == self_forked, server._proc  # pylint: disable=protected-access
 
     def forked(*args: Any) -> ForkedProcess:
         proc = server.spawn(*args)
@@ -100,11 +113,16 @@ def contract_case() -> None:
             assert info_f == info_o, (info_f, info_o)
             assert info_f["argv"] == [code, "x y"] and info_f["stdin"] == "hello" and info_f["env"] == f"v{code}"
             assert info_f["ppid"] == os.getpid() and info_f["name"] == "__main__" and info_f["path_has_probe_dir"]
+            assert info_f["log"] == [logging.INFO, 1], info_f
             assert "to stderr" in err_f and "to stderr" in err_o
             assert ("probe failed" in err_f) == ("probe failed" in err_o) == (code == "raise")
             assert "RuntimeWarning" not in err_f, err_f
     finally:
         server.close()
+
+
+def self_forked_contract_case() -> None:
+    contract_case(self_forked=True)
 
 
 def launcher_death_case() -> None:
@@ -162,6 +180,10 @@ def failed_preload_case() -> None:
 
 def test_a_forked_task_gets_what_python_m_gives_it(fresh_process: Any) -> None:
     fresh_process("unit.test_forkserver:contract_case", timeout=120)
+
+
+def test_a_server_forked_from_its_launcher_gives_tasks_the_same(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:self_forked_contract_case", timeout=120)
 
 
 def test_a_forked_task_dies_with_its_launcher(fresh_process: Any) -> None:

@@ -26,6 +26,10 @@ the launcher starts the server with the environment it gives every task.
 server to ask (``TF_ECREC_FORKSERVER=0``, no subreaper, or its imports failed): the launcher then
 starts the task as a process of its own (``python -m``), which meets any import failure in its own
 log.  `spawn` raises `LaunchError` only when a running server stops answering.
+
+A launcher that is itself a forked task (the test suite forks its ``tf-ecrec run`` launchers from
+one server that imported TensorFlow once for the whole session) has every import done: its server
+is a fork of the launcher, made before the launcher starts any thread, not a new interpreter.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tf_ecrec.errors import LaunchError
+from tf_ecrec.launcher import forked_process
+from tf_ecrec.launcher.forked_process import ForkedProcess
 from tf_ecrec.process_end import end_process
 
 ENV_FORKSERVER = "TF_ECREC_FORKSERVER"  # "0": every task imports TensorFlow itself
@@ -68,68 +74,6 @@ def _prctl(option: int, value: int) -> bool:
     return libc.prctl(option, value, 0, 0, 0) == 0
 
 
-class ForkedProcess:
-    """A task forked by the server and re-parented to this process: the part of `subprocess.Popen` the launcher uses.
-
-    Args:
-      pid: the task's process id (a child of this process).
-      args: what it runs, for messages.
-    """
-
-    def __init__(self, pid: int, args: Sequence[str]) -> None:
-        self.pid = pid
-        self.args = list(args)
-        self.returncode: int | None = None
-        self._lock = threading.Lock()
-
-    def _reap(self, flags: int) -> int | None:
-        with self._lock:
-            if self.returncode is not None:
-                return self.returncode
-            try:
-                pid, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:  # reaped elsewhere: the code is lost, not the fact that it ended
-                self.returncode = -signal.SIGKILL
-                return self.returncode
-            if pid == 0:
-                return None
-            self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
-
-    def poll(self) -> int | None:
-        return self._reap(os.WNOHANG)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if timeout is None:
-            code = self._reap(0)
-            assert code is not None
-            return code
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while True:
-            code = self.poll()
-            if code is not None:
-                return code
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            delay = min(delay * 2, remaining, 0.05)
-            time.sleep(delay)
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
 class ForkServer:
     """The launcher's side: starts the server, asks it for processes, stops it.
 
@@ -143,29 +87,70 @@ class ForkServer:
         self._env = dict(env)
         self._log_path = log_path
         self._preload = tuple(preload)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | ForkedProcess | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._ready = False
         self.usable = False
 
     def start(self) -> None:
-        """Starts the server (it imports in the background; `spawn` waits for it)."""
-        if self._proc is not None or os.environ.get(ENV_FORKSERVER, "1") == "0":
+        """Starts the server (it imports in the background; `spawn` waits for it).
+
+        A launcher that was itself forked from a fork server (as the test suite starts its launchers)
+        and runs no thread besides its main one forks the server from itself: its imports are done
+        already.  Otherwise the server is a new interpreter that imports them.
+        """
+        if self._proc is not None or self._sock is not None or os.environ.get(ENV_FORKSERVER, "1") == "0":
             return
         if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
             return  # its tasks could not be waited for: every task is started on its own
-        from tf_ecrec.launcher.child import command
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with open(self._log_path, "a", encoding="utf-8") as log:
-            self._proc = subprocess.Popen(
-                command("tf_ecrec.launcher.forkserver", str(os.getpid()), *self._preload),
-                stdin=theirs.fileno(), stdout=log, stderr=subprocess.STDOUT, env=self._env,
-            )
+        if forked_process.FORKED_TASK and threading.active_count() == 1:
+            self._fork_self(ours, theirs)
+        else:
+            from tf_ecrec.launcher.child import command
+
+            with open(self._log_path, "a", encoding="utf-8") as log:
+                self._proc = subprocess.Popen(
+                    command("tf_ecrec.launcher.forkserver", str(os.getpid()), *self._preload),
+                    stdin=theirs.fileno(), stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                )
         theirs.close()
         self._sock = ours
         self.usable = True
+
+    def _fork_self(self, ours: socket.socket, theirs: socket.socket) -> None:
+        """The server as a fork of this process; it never returns into the launcher's code."""
+        launcher = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            self._proc = ForkedProcess(pid, ["tf_ecrec.launcher.forkserver"])
+            return
+        code = 1
+        try:
+            ours.close()
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != launcher:
+                os._exit(1)
+            log = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((null, 0), (log, 1), (log, 2)):
+                os.dup2(fd, target)
+            os.close(log)
+            os.close(null)
+            os.environ.clear()
+            os.environ.update(self._env)
+            _forget_logging()
+            code = _run_server(theirs, launcher, self._preload)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # pylint: disable=broad-except
+            import traceback
+
+            traceback.print_exc()
+        end_process(code)
 
     def _await_ready(self, timeout: float) -> bool:
         """Waits for the server's imports; False (and not usable) when they failed."""
@@ -191,8 +176,10 @@ class ForkServer:
         stderr: int,
         name: str = "",
         timeout: float = 300.0,
+        cwd: str | None = None,
     ) -> ForkedProcess | None:
-        """Starts ``python -m module args`` with `env` and the three descriptors as its standard streams.
+        """Starts ``python -m module args`` with `env` and the three descriptors as its standard streams,
+        in `cwd` (default: this process's directory).
 
         A forked task's command line is the server's; `name` (such as ``ps:0``) becomes its
         process name (``ps -o comm``, ``top``), cut to 15 bytes.
@@ -209,7 +196,7 @@ class ForkServer:
             try:
                 if not self._ready and not self._await_ready(timeout):
                     return None
-                request = json.dumps({"module": module, "args": list(args), "env": dict(env), "cwd": os.getcwd(),
+                request = json.dumps({"module": module, "args": list(args), "env": dict(env), "cwd": cwd or os.getcwd(),
                                       "name": name})
                 socket.send_fds(self._sock, [request.encode()], [stdin, stdout, stderr])
                 self._sock.settimeout(timeout)
@@ -325,6 +312,7 @@ def _become_task(request: dict[str, Any], launcher: int) -> None:
         if parent != request["middle"] or time.monotonic() > deadline:
             os._exit(1)
         time.sleep(0.0005)
+    forked_process.FORKED_TASK = True  # on the imported module: the server itself runs as __main__
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != launcher:  # it died before the request took
         os._exit(1)
@@ -353,16 +341,19 @@ def _become_task(request: dict[str, Any], launcher: int) -> None:
     join_cgroup_from_environment()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or not argv[0].isdigit():
-        print("usage: python -m tf_ecrec.launcher.forkserver LAUNCHER_PID [MODULE...]  (socket on stdin)", file=sys.stderr)
-        return 2
-    launcher, preload = int(argv[0]), argv[1:]
-    sock = socket.socket(fileno=os.dup(0))
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
+def _forget_logging() -> None:
+    """The logging of a new interpreter: the launcher's root handler and level (``tf-ecrec``'s
+    ``basicConfig``) would make a task's own ``basicConfig(level=INFO)`` a no-op."""
+    import logging
+
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+def _run_server(sock: socket.socket, launcher: int, preload: Sequence[str]) -> int:
+    """The server: imports `preload`, serves until the launcher is done, and in a forked task runs the task."""
     try:
         import importlib
 
@@ -385,6 +376,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or not argv[0].isdigit():
+        print("usage: python -m tf_ecrec.launcher.forkserver LAUNCHER_PID [MODULE...]  (socket on stdin)", file=sys.stderr)
+        return 2
+    sock = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return _run_server(sock, int(argv[0]), argv[1:])
 
 
 if __name__ == "__main__":
