@@ -3,8 +3,8 @@
 import json
 import os
 
-import pytest
 from conftest import cli
+from harness.parity_kills import assert_rebuilt_by_parity_to_the_same_bytes
 from harness.records import assert_every_record_in_model
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
@@ -73,33 +73,17 @@ def test_more_lost_ps_than_the_code_covers_falls_back_to_the_checkpoint(tmp_path
     _assert_parity_exact(report, stripes=3)  # re-encoded after the restore
 
 
-@pytest.mark.parametrize("ec, ps", [("2+1", 3), ("3+1", 4)])
-def test_deterministic_runs_with_a_ps_killed_end_with_the_same_bytes_for_every_ps(tmp_path, ec, ps):
-    args = ["--ec", ec, "--ps", str(ps), "--workers", "1", "--steps", "240", "--deterministic"]
+def test_deterministic_runs_with_the_last_ps_killed_end_with_the_same_bytes(tmp_path):
+    """3+1 on 4 PS, the last PS killed (each PS holds data and parity; the others are killed in the flash and
+    sequence tests): rebuilt from parity, nothing rolled back, no checkpoint read, the no-failure run's bytes.
+    The 2+1 case (two PS moved to new ports) is `test_failpoints`', beside the failpoint runs whose
+    no-failure run it shares."""
+    args = ["--ec", "3+1", "--ps", "4", "--workers", "1", "--steps", "240", "--deterministic"]
     reference, _ = _run(tmp_path / "ref", *args)
-    # 2+1: the global step's PS and, after its recovery, the last PS, each brought back at a new port
-    # (the trainers rebuild TF_CONFIG, RunConfig, Estimator and session for it: tf_ecrec.failover), in
-    # one run (one job fewer in the test command; a PS back at its old address is every other kill
-    # test's); 3+1: the last one (each PS holds data and parity; the others are killed in the flash and
-    # sequence tests, and these runs are among the test command's slowest).
-    killed = (0, ps - 1) if ps == 3 else (ps - 1,)
-    kills = [a for i in killed for a in ("--kill", f"ps:{i}@step={90 + 20 * i}")]
-    moved = ["--restart-at", "new-port"] if ps == 3 else []
-    report, err = _run(tmp_path / "kill", *args, *kills, "--restart-delay", "1", *moved)
-    assert [rec["task"] for rec in report["recovery"]] == [f"ps:{i}" for i in killed], report["recovery"]
-    for i, rec in zip(killed, report["recovery"]):
-        # Rebuilt from parity, with no rollback and no checkpoint read (the same job with three asynchronous
-        # trainers and two PS lost at once: the sequence test below).
-        assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
-        assert rec["resumed_from_step"] >= rec["killed_at_step"] and rec["bytes_rebuilt"] > 0, rec
-        assert 0 < rec["rebuild_seconds"] < rec["seconds_to_resume"], rec
-        assert f"recovered lost PS [{i}] by parity" in err
-        if moved:
-            assert rec["address"] != "same" and rec["failovers"] >= 1, rec
-    with open(os.path.join(tmp_path / "kill", "logs", "chief-0.log"), encoding="utf-8") as fh:
-        assert "Restoring parameters from" not in fh.read()
-    assert report["variables_sha256"] == reference["variables_sha256"], killed
-    _assert_parity_exact(report, stripes=ps)
+    report, err = _run(tmp_path / "kill", *args, "--kill", "ps:3@step=150", "--restart-delay", "1")
+    assert_rebuilt_by_parity_to_the_same_bytes(report, err, reference["variables_sha256"], (3,),
+                                               str(tmp_path / "kill"), moved=False)
+    _assert_parity_exact(report, stripes=4)
 
 
 def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(tmp_path):

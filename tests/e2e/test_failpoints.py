@@ -9,7 +9,8 @@ restart).  The chief settles each cut step (undoes it: one worker, nothing
 overtook it), rebuilds what was lost, and the job ends with the same bytes in
 every variable as the same job with no failure, and exact parity.  Every
 point is cut once; two jobs (PS side, worker side) rather than one per point
-keep the test command's launches down.
+keep the test command's launches down.  Two PS moved to new ports by SIGKILL
+share the same no-failure run.
 """
 
 import json
@@ -17,6 +18,7 @@ import os
 
 import pytest
 from conftest import cli
+from harness.parity_kills import assert_rebuilt_by_parity_to_the_same_bytes
 
 ARGS = ["--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3", "--workers", "1", "--steps", "160",
         "--deterministic", "--table-rows", "2000", "--embedding-dim", "8", "--quiet", "--restart-delay", "1"]
@@ -59,3 +61,20 @@ def test_processes_killed_at_failpoints_leave_the_same_bytes_as_no_failure(tmp_p
     assert report["variables_sha256"] == reference
     parity = report["parity"]
     assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity["mismatched"]
+
+
+def test_two_ps_moved_to_new_ports_one_after_the_other_leave_the_same_bytes_as_no_failure(tmp_path, reference):
+    """The global step's PS and, after its recovery, the last PS, each SIGKILLed and brought back at a new port
+    (the trainers rebuild TF_CONFIG, RunConfig, Estimator and session for it: tf_ecrec.failover): rebuilt from
+    parity, nothing rolled back, no checkpoint read, the no-failure run's bytes.  The second kill cannot meet the
+    first recovery: the global step does not pass the first kill's step before the rebuilt PS is back."""
+    model_dir = tmp_path / "moved"
+    os.makedirs(model_dir)
+    result = cli("run", "--model-dir", str(model_dir), *ARGS, "--kill", "ps:0@step=60", "--kill", "ps:2@step=110",
+                 "--restart-at", "new-port")
+    assert result.returncode == 0, result.stderr[-4000:]
+    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    assert_rebuilt_by_parity_to_the_same_bytes(report, result.stderr, reference, (0, 2), str(model_dir), moved=True)
+    parity = report["parity"]
+    assert parity["stripes_checked"] == 3 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity

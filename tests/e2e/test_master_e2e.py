@@ -17,6 +17,7 @@ import time
 
 import pytest
 from conftest import cli
+from harness import zygote
 from harness.procs import task_pid
 from integration.conftest import ZOOKEEPER_JAR, ZooKeeperServer, free_port
 
@@ -144,11 +145,11 @@ def test_workers_join_and_leave_a_running_job_and_nothing_is_lost(tmp_path):
 
 def test_a_hung_worker_is_noticed_through_the_master_and_restarted(tmp_path):
     model_dir = tmp_path / "hung"
-    proc = subprocess.Popen(
+    stderr = open(tmp_path / "launcher.err", "w+", encoding="utf-8")  # closed below
+    proc = zygote.popen(
         [sys.executable, "-m", "tf_ecrec.cli", "run", "--model-dir", str(model_dir), *JOB,
-         "--steps", "1200", "--task-timeout", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+         "--steps", "1200", "--task-timeout", "3", "--no-plot"],
+        stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     try:
         worker_log = os.path.join(model_dir, "logs", "worker-0.log")
@@ -160,11 +161,15 @@ def test_a_hung_worker_is_noticed_through_the_master_and_restarted(tmp_path):
             time.sleep(0.5)
         assert pid, "worker:0 never trained"
         os.kill(pid, signal.SIGSTOP)  # alive to waitpid, silent to the master
-        _, err = proc.communicate(timeout=600)
+        code = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+            proc.wait()
+        stderr.seek(0)
+        err = stderr.read()
+        stderr.close()
+    assert code == 0, err[-4000:]
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
         report = json.load(fh)
     lifecycle = [k for k in _events(report, "worker:0") if k in ("start", "lost", "kill", "restart")]

@@ -767,7 +767,8 @@ class Sequence:
 
 def run_sequences(target: str, seeds: list[int], until_violation: bool = False,
                   enough: Callable[[Stats], bool] | None = None, max_extra: int = 3, **kwargs: Any) -> Stats:
-    """Runs a sequence per seed; with `until_violation`, stops after the first that found one (mutation tests).
+    """Runs a sequence per seed; with `until_violation`, stops at the first violation (mutation tests): the
+    sequence that found it stops its events there (then drains, settles and is checked), and no seed follows.
 
     What a seeded sequence does depends on timing (a kill lands before or after a step's commit; two
     kills beyond r end a sequence early), so a test states the coverage it needs (`enough`): seeds run
@@ -785,10 +786,14 @@ def run_sequences(target: str, seeds: list[int], until_violation: bool = False,
         both.add(current)
         return enough(both)
 
+    def violated(current: Stats) -> bool:  # a mutation test needs one violation: the rest of its sequence adds none
+        return bool(current.violations)
+
+    stop = covered if enough is not None else violated if until_violation else None
     for seed in [*seeds, *extra]:
         if enough is not None and total.sequences and enough(total):
             break
-        total.add(Sequence(target, seed, **kwargs).run(stop=covered if enough is not None else None))
+        total.add(Sequence(target, seed, **kwargs).run(stop=stop))
         if until_violation and total.violations:
             break
     return total

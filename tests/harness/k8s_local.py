@@ -14,7 +14,10 @@ with its first container, on this machine:
 - ``replace`` maps strings of the cluster to local ones in the arguments and
   the environment (``dlrm-master:50051`` -> ``127.0.0.1:PORT``);
 - ``python`` is this interpreter; the package is the one under test
-  (``PYTHONPATH``).
+  (``PYTHONPATH``).  A pod's Python process is forked from the test process's
+  fork server (`harness.zygote`), and the pod's entry forks its task from
+  itself (`tf_ecrec.launcher.forked_process.start_child`): no pod imports
+  TensorFlow of its own.
 
 Extra environment per pod (the TF_CONFIG a TFJob operator injects, the
 address map of `tf_ecrec.launcher.k8s`) is passed to `start`.  Output goes to
@@ -32,6 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness import zygote
 from harness.k8s_manifests import REPO, Pod, find, pods
 
 
@@ -43,7 +47,7 @@ class LocalPods:
         self.root = root
         self.replace = dict(replace or {})
         self.pods = {p.name: p for p in pods(objects)}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Any] = {}  # subprocess.Popen, or a process forked by `harness.zygote`
         os.makedirs(os.path.join(root, "logs"), exist_ok=True)
         self.base_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("TF_ECREC_")}
         self.base_env.update({"PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -129,7 +133,7 @@ class LocalPods:
         argv, env = self.command(name)
         env.update(extra_env or {})
         with open(self.log_path(name), "ab") as out:
-            self.procs[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.procs[name] = zygote.popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, name=name)
 
     def signal(self, name: str, signum: int) -> None:
         self.procs[name].send_signal(signum)

@@ -125,6 +125,51 @@ def self_forked_contract_case() -> None:
     contract_case(self_forked=True)
 
 
+def start_child_case() -> None:
+    """`start_child` from a forked task (no thread but the main one) forks the child from itself: the same exit
+    codes, environment and fresh logging as the child started as a new interpreter."""
+    import json
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)  # the parent's own, which the child must not inherit
+    probe_dir = _probe_dir()
+    workdir = tempfile.mkdtemp(prefix="fs_work_")
+    env = {**os.environ, "PROBE_DIR": probe_dir, "PYTHONPATH": os.pathsep.join([probe_dir, os.environ.get("PYTHONPATH", "")])}
+    results = {}
+    for forked in (True, False):
+        forked_process.FORKED_TASK = forked
+        for code in ("0", "3", "raise", "sleep"):
+            out = os.path.join(workdir, f"out-{forked}-{code}")
+            read, write = os.pipe()
+            saved = [os.dup(0), os.dup(1)]
+            with open(out, "w") as fh:  # the child inherits our standard streams, as a pod's task does
+                os.dup2(read, 0)
+                os.dup2(fh.fileno(), 1)
+                try:
+                    proc = forked_process.start_child("fs_probe_mod", [code, "x y"], {**env, "PROBE_VALUE": code})
+                finally:
+                    os.dup2(saved[0], 0)
+                    os.dup2(saved[1], 1)
+                    for fd in (*saved, read):
+                        os.close(fd)
+            assert isinstance(proc, ForkedProcess) == forked, proc
+            os.write(write, b"hello\n")
+            os.close(write)
+            if code == "sleep":
+                time.sleep(1.0)
+                assert proc.poll() is None
+                proc.kill()
+            rc = proc.wait(30)
+            with open(out) as fh:
+                info = json.loads(fh.read().strip().splitlines()[0])
+            info.pop("ppid")
+            results[(forked, code)] = (rc, info)
+    for code, expected in (("0", 0), ("3", 3), ("raise", 1), ("sleep", -signal.SIGKILL)):
+        assert results[(True, code)] == results[(False, code)], (results[(True, code)], results[(False, code)])
+        rc, info = results[(True, code)]
+        assert rc == expected and info["env"] == code and info["log"] == [logging.INFO, 1], (code, rc, info)
+
+
 def launcher_death_case() -> None:
     """A forked task dies with the process that asked for it, as a task started on its own does."""
     probe_dir = _probe_dir()
@@ -184,6 +229,10 @@ def test_a_forked_task_gets_what_python_m_gives_it(fresh_process: Any) -> None:
 
 def test_a_server_forked_from_its_launcher_gives_tasks_the_same(fresh_process: Any) -> None:
     fresh_process("unit.test_forkserver:self_forked_contract_case", timeout=120)
+
+
+def test_a_child_forked_by_a_forked_task_is_what_a_new_interpreter_would_be(fresh_process: Any) -> None:
+    fresh_process("unit.test_forkserver:start_child_case", timeout=120)
 
 
 def test_a_forked_task_dies_with_its_launcher(fresh_process: Any) -> None:

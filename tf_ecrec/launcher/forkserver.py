@@ -49,7 +49,7 @@ from typing import Any
 
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.launcher import forked_process
-from tf_ecrec.launcher.forked_process import ForkedProcess
+from tf_ecrec.launcher.forked_process import ForkedProcess, adopt_environment, forget_logging, prctl
 from tf_ecrec.process_end import end_process
 
 ENV_FORKSERVER = "TF_ECREC_FORKSERVER"  # "0": every task imports TensorFlow itself
@@ -64,14 +64,6 @@ PRELOAD = (
     "tf_ecrec.launcher.task",
     "tf_ecrec.live_cluster",
 )
-
-
-def _prctl(option: int, value: int) -> bool:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return False
-    return libc.prctl(option, value, 0, 0, 0) == 0
 
 
 class ForkServer:
@@ -102,7 +94,7 @@ class ForkServer:
         """
         if self._proc is not None or self._sock is not None or os.environ.get(ENV_FORKSERVER, "1") == "0":
             return
-        if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+        if not prctl(_PR_SET_CHILD_SUBREAPER, 1):
             return  # its tasks could not be waited for: every task is started on its own
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if forked_process.FORKED_TASK and threading.active_count() == 1:
@@ -131,7 +123,7 @@ class ForkServer:
         code = 1
         try:
             ours.close()
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != launcher:
                 os._exit(1)
             log = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -142,7 +134,7 @@ class ForkServer:
             os.close(null)
             os.environ.clear()
             os.environ.update(self._env)
-            _forget_logging()
+            forget_logging()
             code = _run_server(theirs, launcher, self._preload)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -313,7 +305,7 @@ def _become_task(request: dict[str, Any], launcher: int) -> None:
             os._exit(1)
         time.sleep(0.0005)
     forked_process.FORKED_TASK = True  # on the imported module: the server itself runs as __main__
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != launcher:  # it died before the request took
         os._exit(1)
     if request.get("name"):
@@ -326,30 +318,7 @@ def _become_task(request: dict[str, Any], launcher: int) -> None:
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])
-    env = request["env"]
-    old_path = os.environ.get("PYTHONPATH", "")
-    os.environ.clear()
-    os.environ.update(env)
-    # Directories the task's PYTHONPATH adds to the server's: what its interpreter would have had.
-    known = set(filter(None, old_path.split(os.pathsep)))
-    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in known]):
-        sys.path.insert(0, entry)
-    if "numpy" in sys.modules:  # `random` reseeds itself after a fork; NumPy's global generator does not
-        sys.modules["numpy"].random.seed()
-    from tf_ecrec.launcher.memory_limit import join_cgroup_from_environment
-
-    join_cgroup_from_environment()
-
-
-def _forget_logging() -> None:
-    """The logging of a new interpreter: the launcher's root handler and level (``tf-ecrec``'s
-    ``basicConfig``) would make a task's own ``basicConfig(level=INFO)`` a no-op."""
-    import logging
-
-    root = logging.getLogger()
-    for handler in root.handlers[:]:
-        root.removeHandler(handler)
-    root.setLevel(logging.WARNING)
+    adopt_environment(request["env"])
 
 
 def _run_server(sock: socket.socket, launcher: int, preload: Sequence[str]) -> int:
