@@ -53,6 +53,17 @@ def _probe_dir() -> str:
     return directory
 
 
+def _feed_and_wait(proc: Any, stdin_w: int, code: str) -> int:
+    """Writes the probe's input line and closes it; kills a "sleep" probe once it is seen alive; its exit code."""
+    os.write(stdin_w, b"hello\n")
+    os.close(stdin_w)
+    if code == "sleep":
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.kill()
+    return proc.wait(30)
+
+
 def _run(start: Any, code: str, probe_dir: str, workdir: str) -> tuple[int, dict, str]:
     """Starts the probe with `start` (forked or on its own), feeds its stdin; (exit code, its JSON, its stderr)."""
     import json
@@ -64,13 +75,7 @@ def _run(start: Any, code: str, probe_dir: str, workdir: str) -> tuple[int, dict
                "PYTHONPATH": os.pathsep.join([probe_dir, os.environ.get("PYTHONPATH", "")])}
         proc = start("fs_probe_mod", [code, "x y"], env, stdin_r, out.fileno(), err.fileno())
     os.close(stdin_r)
-    os.write(stdin_w, b"hello\n")
-    os.close(stdin_w)
-    if code == "sleep":
-        time.sleep(1.0)
-        assert proc.poll() is None
-        proc.kill()
-    rc = proc.wait(30)
+    rc = _feed_and_wait(proc, stdin_w, code)
     with open(out_path) as fh:
         line = fh.read().strip().splitlines()[0]
     with open(err_path) as fh:
@@ -153,13 +158,7 @@ def start_child_case() -> None:
                     for fd in (*saved, read):
                         os.close(fd)
             assert isinstance(proc, ForkedProcess) == forked, proc
-            os.write(write, b"hello\n")
-            os.close(write)
-            if code == "sleep":
-                time.sleep(1.0)
-                assert proc.poll() is None
-                proc.kill()
-            rc = proc.wait(30)
+            rc = _feed_and_wait(proc, write, code)
             with open(out) as fh:
                 info = json.loads(fh.read().strip().splitlines()[0])
             info.pop("ppid")
