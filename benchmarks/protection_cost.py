@@ -13,7 +13,9 @@ storage fixed and varies only the optimizer:
   step's commit carried by the next step's run (`tf_ecrec.carried_commit`,
   the default of Estimator jobs);
 * ``ecrec K+R in-step``: the same with the commit in the step's own run (TF2
-  ParameterServerStrategy steps, and every step before the carried commit).
+  ParameterServerStrategy steps, and every step before the carried commit);
+* ``ecrec K+R batched [N]``: a step of applies and a count, its folds and commit
+  in a fold round every N steps (default 8; `tf_ecrec.batched_commit`).
 
 Method.  One process runs, for each configuration, its own PS tasks and one
 worker as in-process TensorFlow servers on loopback (gRPC between them, as
@@ -83,7 +85,7 @@ def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Serv
 def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object, object]:
     """(graph, ids placeholder, train op, init op, carried commit or None) of one configuration."""
     ec = tf_ecrec.ECConfig(2, 1) if config == "stock" else tf_ecrec.ECConfig.parse(config.split()[1])
-    commit = "in_step" if config.endswith("in-step") else "carried"
+    commit = "in_step" if config.endswith("in-step") else "batched" if "batched" in config else "carried"
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=num_ps, worker_device="/job:worker/task:0")):
         tf.compat.v1.set_random_seed(1)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
-    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 in-step,ecrec 4+1")
+    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 batched,ecrec 2+1 in-step,ecrec 4+1,ecrec 4+1 batched")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="trace N steps of each configuration")
     parser.add_argument("--cuts", action="store_true",
                         help="instead: ecrec 2+1 in-step run up to each phase (apply, fold, count, commit), beside stock")
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             # delta logs keep every step's entries; a few hundred steps of them fit in memory).
             (optimizer,) = tf_ecrec.optimizer.protectors(graph)
             train = optimizer.phases[cut]
+        if "batched" in config and config.split("batched")[1].strip():  # "ecrec 2+1 batched 16": a round every 16 steps
+            carried.every = int(config.split("batched")[1].split()[0])
+            carried.bound = max(carried.bound, 4 * carried.every)
         sess = tf.compat.v1.Session(own[-1].target, graph=graph)
         sess.run(init_op)
         step = _Runner(sess, train, carried)

@@ -41,7 +41,7 @@ _LOG = logging.getLogger(__name__)
 
 _REGISTRY: GraphRegistry[CarriedCommit] = GraphRegistry()
 
-MODES = ("carried", "in_step")
+MODES = ("carried", "in_step", "batched")
 ENV_COMMIT = "TF_ECREC_COMMIT"
 """Overrides the default commit mode of every ECOptimizer built without ``commit=`` (one of `MODES`)."""
 
@@ -57,8 +57,14 @@ def commit_mode_from_environ() -> str | None:
 
 
 def carried_commits(graph: tf.Graph | None = None) -> list[CarriedCommit]:
-    """The carried commits of `graph` (the default graph): one per ECOptimizer in carried mode."""
+    """The deferred commits of `graph` (the default graph): one per ECOptimizer in carried or batched mode
+    (`tf_ecrec.batched_commit.BatchedCommit` has the same interface)."""
     return _REGISTRY.items(graph)
+
+
+def register(commit: Any, graph: tf.Graph | None = None) -> None:
+    """Adds a deferred commit (carried or batched) to `graph`'s, for the hooks to drive."""
+    _REGISTRY.add(commit, graph)
 
 
 class CarriedCommit:
@@ -98,8 +104,15 @@ class CarriedCommit:
             listener()
 
     def register(self, graph: tf.Graph | None = None) -> CarriedCommit:
-        _REGISTRY.add(self, graph)
+        register(self, graph)
         return self
+
+    def after_return(self, session: Any) -> None:
+        """Nothing: the next run carries the commit."""
+
+    def idle(self, session: Any) -> None:
+        """The trainer's run is in flight for long: its carried commit, alone (idempotent)."""
+        self.flush(session)
 
     # ---- what a run adds -------------------------------------------------------------------------
 
@@ -238,8 +251,8 @@ class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
             f, d = commit.fetches()
             fetches[i] = f
             feeds.update(d)
-        if feeds and self._idle > 0:
-            self._timer = threading.Timer(self._idle, self._flush_all, args=(run_context.session,))
+        if (feeds or any(c.pending_sids() for c in self._commits)) and self._idle > 0:
+            self._timer = threading.Timer(self._idle, self._idle_all, args=(run_context.session,))
             self._timer.daemon = True
             self._timer.start()
         return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feeds)
@@ -248,6 +261,7 @@ class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
         self._stop_timer()
         for i, commit in enumerate(self._commits):
             commit.returned(run_values.results[i])
+            commit.after_return(run_context.session)
 
     def end(self, session: Any) -> None:
         self._stop_timer()
@@ -256,6 +270,10 @@ class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
     def _flush_all(self, session: Any) -> None:
         for commit in self._commits:
             commit.flush(session)
+
+    def _idle_all(self, session: Any) -> None:
+        for commit in self._commits:
+            commit.idle(session)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

@@ -56,9 +56,9 @@ class ECContext:
     num_ps: int
     version: dataclasses.InitVar[int] = 0
     steps: StepGeneration = dataclasses.field(init=False, compare=False)
-    # The graph's runs are driven by a `tf_ecrec.carried_commit.CarriedCommitHook` (`ec_model_fn` adds it):
-    # its ECOptimizers carry each step's commit into the next run unless told otherwise.
-    carried_commit: bool = False
+    # How its ECOptimizers commit a step unless told otherwise: "in_step", "carried" or "batched" (the
+    # graph's runs are then driven by a `tf_ecrec.carried_commit.CarriedCommitHook`, which `ec_model_fn` adds).
+    commit: str = "in_step"
 
     def __post_init__(self, version: int) -> None:
         object.__setattr__(self, "steps", StepGeneration(version))

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tf_ecrec import failpoints, steplog
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.batched_commit import BatchedCommit, batched_step
 from tf_ecrec.carried_commit import MODES, CarriedCommit, commit_mode_from_environ
 from tf_ecrec.device import on_ps, ps_device, variable_name
 from tf_ecrec.ec_config import ECConfig
@@ -96,6 +97,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
       commit: ``"carried"``: a step's run ends after its count, and its two
         commit rounds run in the trainer's next run (`tf_ecrec.carried_commit`:
         a `CarriedCommitHook` or `CarriedCommit.run` must drive the runs);
+        ``"batched"``: a step is its applies and count, its folds and commit
+        run in the trainer's fold rounds (`tf_ecrec.batched_commit`, driven
+        the same way);
         ``"in_step"``: a run ends after its own commit.  Default:
         ``TF_ECREC_COMMIT`` if set, else in_step (`tf_ecrec.ec_model_fn` adds
         the hook either way).
@@ -127,6 +131,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self._tid: dict[str, int] = {}
         self.logs: dict[int, tf.Tensor] = {}  # PS task -> delta log handle
         self._sid: tf.Tensor | None = None
+        self.carried_commit: CarriedCommit | BatchedCommit | None = None  # how the hooks drive a deferred commit
         self._fold_plan: dict[int, ParityFolds | ReplicaFolds] = {}  # data target id -> how its deltas fold
         self._collections: dict[str, EmbeddingCollection] = {}
 
@@ -204,64 +209,60 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 else:
                     applied.append(self._apply_replicated(var, grad, step))
             after_apply = failpoints.after_apply(armed, [(a.device, a.delta) for a in applied], step_value)
-            # Phase 2: fold the deltas into parity and replicas.
-            with tf.control_dependencies(after_apply):
-                fold_ops = {a.tid: a.fold() for a in applied}
-            folds = [tf.group(*ops) if ops else tf.group(a.delta) for a, ops in zip(applied, fold_ops.values())]
-            # The ops themselves (not groups on the worker) so that what waits for them does so PS to PS.
-            after_fold = failpoints.after_fold(
-                armed, [op for a, ops in zip(applied, fold_ops.values()) for op in (ops or [a.delta.op])], step_value
-            )
-            # Each later op reads a "gate": a tensor on its own PS that carries the
-            # op's predecessors as control dependencies (PS to PS, no hop through
-            # the worker). Feeding a gate runs its op alone (the fault-schedule
-            # harness drives steps that way).
-            # Phase 3: count the step, after its folds.  Counting beside the folds was tried and
-            # reverted: a counted step is finished, so a data PS lost in its folds left the step kept
-            # on the survivors and rolled back on the lost PS (docs/settlement.md, Costs).
-            counts: dict[int, Gated] = {}
-            if global_step is not None:
-                hub = global_step.device  # the folds' barrier: one edge per fold, one per count copy
-                counts = self._increment(global_step, barrier(after_fold, self._ec.r + 1, hub, "folded"))
-            counted = failpoints.after_count(
-                armed, [g.op for g in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
-            )
-            # Phase 4: commit, round 1 on the PS tasks that applied (in the order of
-            # their applies), then round 2 everywhere (tf_ecrec.steplog): in this run, or
-            # carried by the trainer's next run (tf_ecrec.carried_commit), beside its applies.
             data_ps = sorted({device_task(a.device) for a in applied})
             self.carried_commit = None
-            if self._carried(step_context):
-                carried = tf.compat.v1.placeholder(tf.int64, [], name="carried_sid")
-                round1, round2 = commit_rounds(carried, self.logs, data_ps, [], self.commit_timeout_ms)
-                train_op = tf.group(*counted, name="ec_step")
-                tail = tf.group(*[g.op for g in round2.values()], name="ec_carried_commit")
-                self.carried_commit = CarriedCommit(self._sid, carried, tail).register()
+            if self._mode(step_context) == "batched":  # a count after the applies; folds in rounds (tf_ecrec.batched_commit)
+                train_op, counts, counted = batched_step(self, applied, after_apply, global_step, armed, step_value)
+                fold_ops: dict[int, list[tf.Operation]] = {a.tid: [] for a in applied}
+                folds = [tf.group(a.delta) for a in applied]
+                round1: dict[int, Gated] = {}
+                round2: dict[int, Gated] = {}
             else:
-                round1, round2 = commit_rounds(self._sid, self.logs, data_ps, counted, self.commit_timeout_ms)
-                train_op = tf.group(*[g.op for g in round2.values()], name="ec_commit")
+                # Phase 2: fold the deltas into parity and replicas.
+                with tf.control_dependencies(after_apply):
+                    fold_ops = {a.tid: a.fold() for a in applied}
+                folds = [tf.group(*ops) if ops else tf.group(a.delta) for a, ops in zip(applied, fold_ops.values())]
+                # The ops themselves (not groups on the worker) so that what waits for them does so PS to PS.
+                after_fold = failpoints.after_fold(
+                    armed, [op for a, ops in zip(applied, fold_ops.values()) for op in (ops or [a.delta.op])], step_value
+                )
+                # Each later op reads a "gate": a tensor on its own PS that carries the op's predecessors
+                # as control dependencies (PS to PS); feeding a gate runs its op alone (the harness does).
+                # Phase 3: count the step, after its folds (beside them, a data PS lost in its folds left
+                # the counted step kept on the survivors and rolled back on the lost PS: settlement.md, Costs).
+                counts = {}
+                if global_step is not None:
+                    hub = global_step.device  # the folds' barrier: one edge per fold, one per count copy
+                    counts = self._increment(global_step, barrier(after_fold, self._ec.r + 1, hub, "folded"))
+                counted = failpoints.after_count(
+                    armed, [g.op for g in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
+                )
+                # Phase 4: commit, round 1 on the data PS (in the order of their applies), then round 2
+                # everywhere (tf_ecrec.steplog): in this run, or carried by the next (tf_ecrec.carried_commit).
+                if self._mode(step_context) == "carried":
+                    carried = tf.compat.v1.placeholder(tf.int64, [], name="carried_sid")
+                    round1, round2 = commit_rounds(carried, self.logs, data_ps, [], self.commit_timeout_ms)
+                    train_op = tf.group(*counted, name="ec_step")
+                    tail = tf.group(*[g.op for g in round2.values()], name="ec_carried_commit")
+                    self.carried_commit = CarriedCommit(self._sid, carried, tail).register()
+                else:
+                    round1, round2 = commit_rounds(self._sid, self.logs, data_ps, counted, self.commit_timeout_ms)
+                    train_op = tf.group(*[g.op for g in round2.values()], name="ec_commit")
         # The ops ending each phase, for tests that cut a step between phases.
-        self.phases = {
-            "apply": tf.group(*[a.delta for a in applied]),
-            "fold": tf.group(*folds),
-            "count": tf.group(*counted),
-        }
-        self.program = StepProgram(
-            sid=self._sid,
-            applies={a.tid: Apply(a.indices, a.delta, a.seq) for a in applied},
-            folds=fold_ops,
-            counts=counts,
-            round1=round1,
-            round2=round2,
-        )
+        self.phases = {"apply": tf.group(*[a.delta for a in applied]), "fold": tf.group(*folds), "count": tf.group(*counted)}
+        self.program = StepProgram(sid=self._sid, applies={a.tid: Apply(a.indices, a.delta, a.seq) for a in applied},
+                                   folds=fold_ops, counts=counts, round1=round1, round2=round2)
         _PROTECTORS.add(self)
         return train_op
 
-    def _carried(self, step_context: Any) -> bool:
+    def _mode(self, step_context: Any) -> str:
+        """How this step commits: "in_step", "carried" or "batched" (a TF2 step, bound, commits in its run)."""
+        if self._bound is not None:
+            return "in_step"
         mode = self._commit_mode or commit_mode_from_environ()
         if mode is not None:
-            return mode == "carried" and self._bound is None
-        return step_context is not None and step_context.carried_commit and self._bound is None
+            return mode
+        return step_context.commit if step_context is not None else "in_step"
 
     def _log(self, ps: int) -> tf.Tensor:
         if ps not in self.logs:

@@ -55,6 +55,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.step_program": 2,
     "tf_ecrec.optimizer": 2,
     "tf_ecrec.carried_commit": 2,
+    "tf_ecrec.batched_commit": 2,
     "tf_ecrec.steplog": 2,
     "tf_ecrec.stale_steps": 2,
     "tf_ecrec.rebuild": 2,

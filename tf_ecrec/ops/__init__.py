@@ -10,6 +10,7 @@ The ops live in the compiled library ``_ec_ops.so`` beside this package
                    RMSProp)
     parity         folding deltas into parity; routing them to parity chunks
     delta_log_ops  the per-PS delta log: logged updates, fence, commit, undo
+    batched_fold   a fold round: many steps' applies taken, folded, committed
     row_words      rows of variables as int32 words: XOR, read, combine, write
     recovery_view  rebuilding lost rows while training goes on
     log_snapshot   NumPy only: parsing a log snapshot, the word view of arrays
@@ -62,6 +63,13 @@ _LAZY = {
     "delta_log_seq_of": "delta_log_ops",
     "delta_log_set_generation": "delta_log_ops",
     "delta_log_undo": "delta_log_ops",
+    "delta_log_commit_each": "batched_fold",
+    "delta_log_counted": "batched_fold",
+    "delta_log_is_committed": "batched_fold",
+    "delta_log_mark_folded": "batched_fold",
+    "delta_log_ready": "batched_fold",
+    "delta_log_take": "batched_fold",
+    "parity_fold_batch": "batched_fold",
     "combine_rows": "row_words",
     "read_row_words": "row_words",
     "write_row_words": "row_words",

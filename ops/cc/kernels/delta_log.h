@@ -70,6 +70,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -105,6 +106,9 @@ class DeltaLog : public ResourceBase {
     // holds back other steps' round 1, and stays (undoable, if it is still
     // the newest of its target) until round 2 drops it.
     bool in_order_committed = false;
+    // Batched folds (delta_log_batch.cc): a kApply entry whose fold a round
+    // found on every fold target.
+    bool folded = false;
     int64_t micros = 0;  // when it was appended
     std::vector<int64_t> rows;  // as given; may repeat
     Tensor delta;               // int32 [rows.size(), width]; never written
@@ -193,6 +197,29 @@ class DeltaLog : public ResourceBase {
 
   // The seq of the entry (sid, target), -1 if none.
   int64_t SeqOf(int64_t sid, int32_t target) const;
+
+  // ---- Batched folds (delta_log_batch.cc; the protocol: docs/settlement.md,
+  // "Folds batched over steps").
+  // Copies of the kApply entries of `target` not marked folded, in seq order
+  // (rounds may overlap: a fold target skips what it holds, HasFold).
+  std::vector<Entry> Take(int32_t target) const;
+  // The rows of the kFold entries of (target, source) in the log, by sid.
+  std::unordered_map<int64_t, std::unordered_set<int64_t>> FoldedRowsBySid(
+      int32_t target, int32_t source) const;
+  // Marks the kApply entries `seqs` folded (written on every fold target).
+  void MarkFolded(const std::vector<int64_t>& seqs);
+  // The sids of `candidates` whose every kApply entry here is folded (or
+  // round-1 committed), as is every earlier kApply entry of the same target;
+  // a candidate with no entry here is ready; a fenced one is not.
+  std::vector<int64_t> Ready(const std::vector<int64_t>& candidates) const;
+  // Round 2 of each of `sids` that is not fenced or of an older generation
+  // (those are left to settlement); returns the sids committed here now or
+  // before.
+  std::vector<int64_t> CommitEach(const std::vector<int64_t>& sids);
+  // The sids with a kCounter entry of `target` in the log.
+  std::vector<int64_t> Counted(int32_t target) const;
+  // Whether `sid` is committed here (the last kCommittedCapacity commits).
+  bool IsCommitted(int64_t sid) const;
 
   // Writes the outputs of EcRec>DeltaLogPending.
   Status Pending(OpKernelContext* ctx) const;

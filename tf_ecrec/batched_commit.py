@@ -1,0 +1,351 @@
+"""Folds batched over steps: a protected step as short as a stock one, its folds and commit a few steps later.
+
+With ``commit="batched"`` (``TF_ECREC_COMMIT=batched``) a trainer's step is its
+applies (each logged with its delta on its data PS) and its count, the
+exchanges of a stock step; every `every` steps, or when its oldest pending
+step is `max_delay_secs` old, the trainer runs a *fold round* alone
+(`build_fold_round`): on each data PS the apply entries not folded yet are
+taken, routed and folded into each fold target by one op per (variable,
+target), the entries every target holds are marked folded, and the steps
+counted on every counter copy whose applies, and every earlier apply of the
+same variables, are folded are committed on every PS.  One round's exchanges
+serve every step it folds, from any trainer.  docs/settlement.md ("Folds
+batched over steps") has the protocol and why it keeps the invariants.
+
+A step is *returned* when its run ended OK and *durable* once committed; the
+contract is the carried commit's (`tf_ecrec.carried_commit`):
+
+- records are acknowledged only for durable steps (`BatchedCommit.resolved`,
+  read by `hooks.shard_progress.ShardProgressHook`);
+- a durable step is never undone (settlement keeps committed steps);
+- at most `bound` returned steps of a trainer are not durable: past it, the
+  trainer runs rounds alone until they are (a deadline, then the session is
+  given up and those steps' records are trained again).
+
+`BatchedCommit` has the interface of `CarriedCommit` (the same registry,
+the same hooks drive it); `after_return` runs the round when one is due.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from tf_ecrec import failpoints
+from tf_ecrec import ops as ec_ops
+from tf_ecrec.device import ps_device, variable_name
+from tf_ecrec.errors import ConfigError
+from tf_ecrec.step_program import ParityFolds, ReplicaFolds, TargetKind, barrier
+
+if TYPE_CHECKING:
+    from tf_ecrec.optimizer import ECOptimizer
+    from tf_ecrec.step_program import AppliedUpdate
+
+_LOG = logging.getLogger(__name__)
+
+EVERY = 8
+"""Steps of a trainer per fold round."""
+MAX_DELAY_SECS = 0.5
+"""A trainer's oldest step not yet durable waits at most about this long for a round."""
+BOUND_FACTOR = 4
+"""Returned steps not durable, past which a trainer folds before its next step: this times `every`."""
+WAIT_SECS = 30.0
+"""How long a trainer over its bound runs rounds before it gives its session up."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldRound:
+    """A fold round's graph: feed the trainer's pending step ids to `pending`, fetch `committed` (a flag each).
+
+    Each phase is also runnable alone (the fault-schedule harness cuts rounds between any two ops), by
+    feeding what it reads: `takes` (data target id -> rows, delta, entry, sids, seqs) feed `folds`
+    (data target id -> a `present` flag vector per fold target) and `marks` (data target id -> the op
+    marking what every target holds); `ready` (data PS -> the steps ready there) reads `ready_gates`
+    (data PS -> the `counted` lists, after that PS's marks); `commits` (PS -> the steps committed there)
+    read every `ready`; `committed` reads `query_gate` (the pending ids, after every commit).
+    """
+
+    pending: tf.Tensor
+    committed: tf.Tensor
+    counted: dict[int, tf.Tensor]
+    takes: dict[int, tuple[tf.Tensor, ...]]
+    folds: dict[int, list[tf.Tensor]]
+    marks: dict[int, tf.Operation]
+    ready_gates: dict[int, list[tf.Tensor]]
+    ready: dict[int, tf.Tensor]
+    commits: dict[int, tf.Tensor]
+    query_gate: tf.Tensor
+
+
+def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: dict[int, Any]) -> FoldRound:
+    """The fold round of `opt`'s step: take, fold, mark, commit, and ask which pending steps are committed.
+
+    `counters`: the counter targets of the step (the global step and its replicas) by target id.
+    """
+    with tf.name_scope("fold_round"):
+        counted = {}
+        for tid in sorted(counters):
+            target = opt.targets[tid]
+            with tf.device(ps_device(target.ps)):
+                counted[tid] = ec_ops.delta_log_counted(opt._log(target.ps), tid)
+        takes, folds, marks = {}, {}, {}
+        marks_of: dict[int, list[Any]] = collections.defaultdict(list)
+        for a in applied:
+            data_ps = opt.targets[a.tid].ps
+            log = opt._log(data_ps)
+            with tf.device(a.device):
+                takes[a.tid] = ec_ops.delta_log_take(log, a.tid, int(a.delta.shape[1]))
+            folds[a.tid] = _fold(opt, a, *takes[a.tid])
+            with tf.device(a.device):
+                marks[a.tid] = ec_ops.delta_log_mark_folded(log, takes[a.tid][4], folds[a.tid])
+            marks_of[data_ps].append(marks[a.tid])
+        gates, ready = {}, {}
+        for p in sorted(marks_of):
+            with tf.device(ps_device(p)), tf.control_dependencies(marks_of[p]):
+                gates[p] = [tf.identity(c, name="counted_gate") for c in counted.values()]
+            with tf.device(ps_device(p)):
+                ready[p] = ec_ops.delta_log_ready(opt._log(p), gates[p])
+        commits = {}
+        for p in sorted(opt.logs):
+            with tf.device(ps_device(p)):
+                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), list(ready.values()))
+        gs_ps = opt.targets[min(counters)].ps
+        pending = tf.compat.v1.placeholder(tf.int64, [None], name="pending_sids")
+        with tf.device(ps_device(gs_ps)):
+            with tf.control_dependencies(list(commits.values())):
+                query_gate = tf.identity(pending, name="query_gate")
+            flags = ec_ops.delta_log_is_committed(opt._log(gs_ps), query_gate)
+    return FoldRound(pending, flags, counted, takes, folds, marks, gates, ready, commits, query_gate)
+
+
+def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: list[Any], global_step: Any,
+                 armed: Any, step_value: tf.Tensor) -> tuple[tf.Operation, dict[int, Any], list[Any]]:
+    """(train op, counts, what the count ends with) of a batched step: its applies, then its count on the
+    global step and its replicas; registers the trainer's `BatchedCommit` with the step's fold round."""
+    if global_step is None:
+        raise ConfigError("ECOptimizer(commit='batched') needs a global step to count steps; source: minimize")
+    assert opt._ec is not None
+    applies = barrier([a.delta.op for a in applied] + list(after_apply), opt._ec.r + 1, global_step.device, "applied")
+    counts = opt._increment(global_step, applies)
+    counted = failpoints.after_count(armed, [g.op for g in counts.values()], sorted({a.device for a in applied}), step_value)
+    opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts)).register()
+    return tf.group(*counted, name="ec_step"), counts, counted
+
+
+def _fold(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor,
+          sids: tf.Tensor, seqs: tf.Tensor) -> list[tf.Tensor]:
+    """The batch of data target `a.tid` folded into each of its targets; a `present` vector per target."""
+    plan = opt._fold_plan[a.tid]
+    present = []
+    if isinstance(plan, ReplicaFolds):
+        for rep_tid in plan.targets:
+            target = opt.targets[rep_tid]
+            with tf.device(ps_device(target.ps)):
+                present.append(ec_ops.parity_fold_batch(
+                    target.variables[0], rows, delta, entry, sids, seqs, 1, opt._log(target.ps), rep_tid, a.tid))
+        return present
+    assert isinstance(plan, ParityFolds)
+    coll = plan.coll
+    routes = coll.table_layout.fold_routes(plan.ps, coll.code)
+    bases = np.stack([route.parity_base for route in routes])
+    with tf.device(a.device):  # split by route on the data's PS, the entry index routed as a one-word delta
+        split = ec_ops.route_deltas(rows, delta, bases, coll.chunk_rows)
+        tags = ec_ops.route_deltas(rows, tf.expand_dims(entry, 1), bases, coll.chunk_rows)
+    for route, (prow, sel_delta), (_, sel_entry) in zip(routes, split, tags):
+        parity = opt.parity[coll.name][route.ps]
+        ptid = opt._target(variable_name(parity), route.ps, [parity], TargetKind.PARITY)
+        with tf.device(ps_device(route.ps)):
+            present.append(ec_ops.parity_fold_batch(
+                parity, prow, sel_delta, tf.squeeze(sel_entry, 1), sids, seqs, route.coef,
+                opt._log(route.ps), ptid, a.tid))
+    return present
+
+
+class BatchedCommit:
+    """A trainer's returned steps and the fold rounds that make them durable (the `CarriedCommit` interface).
+
+    Runs are numbered from 1 in the order they returned OK; `resolved` tells,
+    for a run number, whether its step is durable, lost (its session ended
+    before it was) or pending.  Thread-safe: a hook's timer may run a round
+    while the trainer's run is in flight.
+    """
+
+    def __init__(self, sid: tf.Tensor, fold_round: FoldRound, every: int = EVERY,
+                 max_delay_secs: float = MAX_DELAY_SECS, bound: int | None = None,
+                 wait_secs: float = WAIT_SECS) -> None:
+        self.sid = sid
+        self.round = fold_round
+        self.every = max(1, int(every))
+        self.max_delay = float(max_delay_secs)
+        self.bound = int(bound) if bound is not None else BOUND_FACTOR * self.every
+        self.wait_secs = float(wait_secs)
+        self._lock = threading.Lock()
+        self._round_lock = threading.Lock()  # one round of this trainer at a time
+        self._pending: collections.OrderedDict[int, tuple[int, float]] = collections.OrderedDict()  # run -> (sid, when)
+        self._returned = 0
+        self._resolved: dict[int, bool] = {}  # run -> durable (True) or lost (False), above the watermark
+        self._through = 0  # every run up to this one is resolved
+        self._lost: set[int] = set()
+        self._listeners: list[Callable[[], None]] = []
+        self.durable = 0
+        self.lost = 0
+        self.rounds = 0
+
+    def register(self, graph: tf.Graph | None = None) -> BatchedCommit:
+        from tf_ecrec.carried_commit import register  # pylint: disable=import-outside-toplevel
+
+        register(self, graph)
+        return self
+
+    def on_resolved(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    # ---- what a run adds -------------------------------------------------------------------------
+
+    def fetches(self) -> tuple[dict[str, Any], dict[Any, int]]:
+        """The step id, fetched with every run; nothing is fed."""
+        return {"sid": self.sid}, {}
+
+    def returned(self, results: dict[str, Any]) -> None:
+        with self._lock:
+            self._returned += 1
+            self._pending[self._returned] = (int(results["sid"]), time.monotonic())
+
+    def due(self) -> bool:
+        with self._lock:
+            if not self._pending:
+                return False
+            oldest = next(iter(self._pending.values()))[1]
+            return len(self._pending) >= self.every or time.monotonic() - oldest >= self.max_delay
+
+    def after_return(self, session: Any) -> None:
+        """The trainer's run returned: a round if one is due; rounds until under the bound if over it."""
+        if not self.due():
+            return
+        self.fold(session)
+        deadline = time.monotonic() + self.wait_secs
+        pause = 0.005
+        while self.pending_count() > self.bound:
+            if time.monotonic() >= deadline:
+                raise tf.errors.AbortedError(
+                    None, None, f"{self.pending_count()} returned steps not durable after {self.wait_secs:.0f} s of "
+                    "fold rounds (a PS or the chief's settlement is behind); the session is given up and those "
+                    "steps' records are trained again")
+            time.sleep(pause)
+            pause = min(0.2, pause * 2)
+            self.fold(session)
+
+    def fold(self, session: Any, timeout_ms: int = 30000) -> int:
+        """One fold round now; returns how many of this trainer's pending steps it found durable."""
+        with self._round_lock:
+            with self._lock:
+                runs = list(self._pending)
+                sids = [self._pending[r][0] for r in runs]
+            flags = session.run(self.round.committed, {self.round.pending: np.array(sids, np.int64)},
+                                options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
+            self.rounds += 1
+            durable = [run for run, flag in zip(runs, flags) if flag]
+            self._resolve(durable, durable=True)
+            return len(durable)
+
+    def _resolve(self, runs: list[int], durable: bool) -> None:
+        if not runs:
+            return
+        with self._lock:
+            for run in runs:
+                if self._pending.pop(run, None) is None:
+                    continue
+                self._resolved[run] = durable
+                if durable:
+                    self.durable += 1
+                else:
+                    self.lost += 1
+                    self._lost.add(run)
+            while self._through + 1 in self._resolved:
+                self._through += 1
+                del self._resolved[self._through]
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def reset(self) -> int | None:
+        """A new session: the steps not durable are given up (settlement keeps or undoes them; their records
+        are trained again)."""
+        with self._lock:
+            runs = list(self._pending)
+        self._resolve(runs, durable=False)
+        return None
+
+    def collect(self, session: Any, sid: int, timeout_ms: int = 2000) -> None:
+        """Nothing to collect: a given-up step's entries are folded by the next round or settled."""
+
+    def idle(self, session: Any) -> None:
+        """The trainer's run is in flight for long: one round, so that its returned steps do not wait for it."""
+        try:
+            self.fold(session)
+        except tf.errors.OpError as exc:
+            _LOG.debug("an idle fold round failed: %s", exc.message.splitlines()[0] if exc.message else exc)
+
+    def flush(self, session: Any) -> bool:
+        """Rounds until every returned step is durable (the trainer ends or pauses); False if some were given up."""
+        deadline = time.monotonic() + self.wait_secs
+        pause = 0.005
+        try:
+            while self.pending_count():
+                self.fold(session)
+                if not self.pending_count():
+                    break
+                if time.monotonic() >= deadline:
+                    raise tf.errors.DeadlineExceededError(None, None, "fold rounds did not make the last steps durable")
+                time.sleep(pause)
+                pause = min(0.2, pause * 2)
+        except tf.errors.OpError as exc:
+            _LOG.warning("the last steps' fold round failed (%s): their records will be trained again",
+                         exc.message.splitlines()[0] if exc.message else type(exc).__name__)
+            self.reset()
+            return False
+        return True
+
+    # ---- what the record reports read --------------------------------------------------------------------
+
+    @property
+    def returned_runs(self) -> int:
+        with self._lock:
+            return self._returned
+
+    def resolved(self, run: int) -> str:
+        """``"durable"``, ``"lost"`` or ``"pending"`` for run number `run` (1-based)."""
+        with self._lock:
+            if run <= self._through:
+                return "lost" if run in self._lost else "durable"
+            state = self._resolved.get(run)
+            if state is None:
+                return "pending"
+            return "durable" if state else "lost"
+
+    def pending_sids(self) -> set[int]:
+        """This trainer's returned steps not durable yet (not a dead task's: never settle them as stale)."""
+        with self._lock:
+            return {sid for sid, _ in self._pending.values()}
+
+    # ---- without hooks ---------------------------------------------------------------------------
+
+    def run(self, session: Any, fetches: Any, feed_dict: dict | None = None, **kwargs: Any) -> Any:
+        """``session.run(fetches, feed_dict)`` of a protected step, then a fold round if one is due."""
+        out = session.run({"user": fetches, "ec": {"sid": self.sid}}, feed_dict, **kwargs)
+        self.returned(out["ec"])
+        self.after_return(session)
+        return out["user"]
