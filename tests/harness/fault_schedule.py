@@ -61,6 +61,8 @@ from tf_ecrec.recovery.scaffold import raising_ready_op
 from tf_ecrec.step_program import GENERATION_SHIFT, TargetKind
 from tf_ecrec.verify import check_parity
 
+from harness import fold_rounds
+
 TABLES = [("a", 48), ("b", 12)]
 DIM = 4
 BATCH = 8
@@ -114,7 +116,7 @@ class Rig:
 
     def __init__(self, k: int, r: int, num_ps: int, optimizer: str = "adagrad", reconciler_cls: type | None = None,
                  background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
-                 flash_dir: str | None = None, carried: bool = False) -> None:
+                 flash_dir: str | None = None, carried: bool = False, batched: bool = False) -> None:
         self.k, self.r, self.num_ps = k, r, num_ps
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -134,7 +136,9 @@ class Rig:
             }[optimizer]()
             # The step program the harness drives op by op: the commit rounds built on the carried step id
             # (`carried`: the Estimator jobs' graph) or on the step's own.
-            self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0, commit="carried" if carried else "in_step")
+            # (`batched`: a step is its applies and count, its folds and commit in fold rounds.)
+            commit = "batched" if batched else "carried" if carried else "in_step"
+            self.opt = tf_ecrec.ECOptimizer(base, commit_timeout_ms=0, commit=commit)
             self.opt.minimize(loss, global_step=step)
             self.coll = coll
             self.plan = RecoveryPlan(self.opt, background=background, slice_bytes=SLICE_BYTES)
@@ -176,6 +180,7 @@ class Rig:
             }
         self.graph.finalize()
         self.program = self.opt.program
+        self.fold_round = self.opt.carried_commit.round if batched else None
 
     def read_words(self, sess: tf.compat.v1.Session) -> dict[int, np.ndarray]:
         values = sess.run(self.words)
@@ -246,6 +251,8 @@ class _Worker:
     step: _Step | None = None
     zombie: bool = False
     carried: _Step | None = None  # returned, its commit runs with the worker's next step (not durable yet)
+    returned: list[_Step] = dataclasses.field(default_factory=list)  # batched: returned, not durable yet
+    round: Any = None  # batched: the fold round the worker's run is (harness.fold_rounds.Round)
 
 
 @dataclasses.dataclass
@@ -257,6 +264,7 @@ class Stats:
     steps_ok: int = 0
     steps_returned: int = 0
     returned_not_durable: int = 0
+    fold_rounds: int = 0
     steps_failed: int = 0
     worker_kills: int = 0
     ps_kills: int = 0
@@ -289,7 +297,8 @@ class Sequence:
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
                  background: bool = False, rebuilder_cls: type | None = None, atomic: bool = False,
-                 flash_dir: str | None = None, carried: bool = False, rebuild_cut_weight: int = 2) -> None:
+                 flash_dir: str | None = None, carried: bool = False, rebuild_cut_weight: int = 2,
+                 batched: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
         # How often (against 500 step advances) the chief dies inside a call of a running background
         # rebuild; the rebuild-cut tests raise it to meet their coverage in fewer ticks.
@@ -299,8 +308,13 @@ class Sequence:
         self.carried = carried
         self.seed = seed
         self.target = target
+        # `batched`: a step's run ends after its applies and count; a worker runs a fold round after every
+        # `every` returned steps; a step is OK for the oracle once a round's query found it durable.
+        self.batched = batched
+        self.every = int(self.rng.integers(1, 5))
+        self.check_ready = True  # False in a mutation test: rounds commit counted steps whether folded or not
         self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir,
-                       carried=carried)
+                       carried=carried, batched=batched)
         self.unsettled: set[int] = set()  # steps that wrote and ended without committing, not settled yet
         self.ticks = ticks
         # `atomic`: one worker that is never killed (one writer at a time), and the oracle also checks
@@ -394,7 +408,12 @@ class Sequence:
 
     def _advance(self, worker: _Worker, flush: bool = False) -> None:
         """Runs one op of the worker's run: of its step, or of the commit its run carries (`flush`: the
-        carried commit alone, as a trainer that ends runs it)."""
+        carried commit alone, as a trainer that ends runs it), or of its fold round (batched: a round
+        once `every` steps returned, or with `flush` while any is not durable)."""
+        if self.batched and worker.step is None and (worker.round is not None or len(worker.returned) >= self.every
+                                                     or (flush and worker.returned)):
+            self._advance_round(worker)
+            return
         if worker.step is None and not (flush and worker.carried is not None):
             worker.step = self._new_step(worker)
         carried = worker.carried if worker.carried is not None and worker.carried.actions else None
@@ -450,6 +469,36 @@ class Sequence:
         step.actions.pop(0)
         self._end_run(worker)
 
+    def _advance_round(self, worker: _Worker) -> None:
+        """One op of the worker's fold round; the query ends it, and the steps it found durable are OK."""
+        fr = self.rig.fold_round
+        if worker.round is None:
+            worker.round = fold_rounds.new_round(self.rng, fr, [s.sid for s in worker.returned])
+        kind, arg = worker.round.actions[0]
+        self.stats.actions += 1
+        try:
+            durable = fold_rounds.run_action(self.sess, fr, worker.round, kind, arg,
+                                             tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS),
+                                             check_ready=self.check_ready)
+        except tf.errors.DeadlineExceededError:
+            self.stats.violations.append(f"seed {self.seed}: {kind} {arg} of a fold round hung")
+            self._abandon(worker)
+            return
+        except tf.errors.AbortedError:
+            self.stats.steps_failed += 1
+            self._abandon(worker)
+            return
+        worker.round.actions.pop(0)
+        if worker.round.actions:
+            return
+        worker.round = None
+        self.stats.fold_rounds += 1
+        done = set(durable or [])
+        for step in [s for s in worker.returned if s.sid in done]:
+            self.ok.add(step.sid)
+            self.stats.steps_ok += 1
+        worker.returned = [s for s in worker.returned if s.sid not in done]
+
     def _end_run(self, worker: _Worker) -> None:
         """The worker's run ended OK if its step and the commit it carried are done."""
         if (worker.step is not None and worker.step.actions) or (worker.carried is not None and worker.carried.actions):
@@ -460,7 +509,10 @@ class Sequence:
             worker.carried = None
         if worker.step is None:
             return
-        if worker.step.commit:  # returned; the next run carries its commit
+        if self.batched:  # returned; a fold round makes it durable
+            worker.returned.append(worker.step)
+            self.stats.steps_returned += 1
+        elif worker.step.commit:  # returned; the next run carries its commit
             worker.step.actions, worker.step.commit = worker.step.commit, []
             worker.carried = worker.step
             self.stats.steps_returned += 1
@@ -518,13 +570,17 @@ class Sequence:
         if worker.carried is not None:
             self.unsettled.add(worker.carried.sid)
             self.stats.returned_not_durable += 1
-        worker.step = worker.carried = None
+        for step in worker.returned:  # batched: given up with the session, settled by the chief
+            self.unsettled.add(step.sid)
+            self.stats.returned_not_durable += 1
+        worker.step = worker.carried = worker.round = None
+        worker.returned = []
 
     def _settled_all(self) -> None:
         """Every pending step was settled (fenced, undone or finished, committed): none writes again."""
         self.unsettled.clear()
         for w in self.workers:
-            for step in (w.step, w.carried):
+            for step in (w.step, w.carried, *w.returned):
                 if step is not None:
                     step.wrote = False
 
@@ -538,14 +594,18 @@ class Sequence:
     def _drain(self) -> None:
         """Lets every live, current worker finish its step (settling dead ones' steps it waits on)."""
         for _ in range(400):
-            busy = [w for w in self.workers if (w.step is not None or w.carried is not None) and not w.zombie]
+            busy = [w for w in self.workers
+                    if (w.step is not None or w.carried is not None or w.returned or w.round is not None) and not w.zombie]
             if not busy:
                 break
             for w in busy:
                 before = [len(s.actions) for s in (w.step, w.carried) if s is not None]
+                rounds = self.stats.fold_rounds
+                left = len(w.returned)
                 self._advance(w, flush=True)
-                if [len(s.actions) for s in (w.step, w.carried) if s is not None] == before:
-                    self._settle_dead()  # blocked behind a dead step
+                if [len(s.actions) for s in (w.step, w.carried) if s is not None] == before and w.round is None \
+                        and (self.stats.fold_rounds == rounds or len(w.returned) == left):
+                    self._settle_dead()  # blocked behind a dead step (or a round made nothing durable)
         for w in self.workers:
             if w.zombie:
                 self._abandon(w)
@@ -553,7 +613,7 @@ class Sequence:
     # ---- the chief ---------------------------------------------------------------------------
 
     def _live_sids(self) -> set[int]:
-        return {s.sid for w in self.workers if not w.zombie for s in (w.step, w.carried) if s is not None}
+        return {s.sid for w in self.workers if not w.zombie for s in (w.step, w.carried, *w.returned) if s is not None}
 
     def _some_ops(self, ops: list[Any]) -> list[Any]:
         """The ops of a call that ran before the chief died inside it: any strict subset, at random."""
@@ -592,6 +652,8 @@ class Sequence:
             # uncommitted: settlement takes it too (it was counted: kept), and its carried commit then
             # finds it committed.
             dead = sorted(set(dead) | {w.carried.sid for w in self.workers if w.carried is not None and not w.zombie})
+        if self.batched and self.rng.random() < 0.3:  # the same for a trainer's returned steps
+            dead = sorted(set(dead) | {s.sid for w in self.workers if not w.zombie for s in w.returned})
         self.unsettled.clear()  # the dead steps with entries are settled now
         if dead:
             self.rig.plan.reconciler.settle(self.sess, range(self.rig.num_ps), only=dead)
@@ -617,7 +679,7 @@ class Sequence:
         self.stats.ps_kills += 1
         self.stats.double_ps_kills += n == 2
         for w in self.workers:  # every session fails when a PS dies
-            if w.step is not None or w.carried is not None:
+            if w.step is not None or w.carried is not None or w.returned or w.round is not None:
                 self.stats.steps_failed += 1
                 self._abandon(w)
         attempts = 0

@@ -168,18 +168,20 @@ class _AcknowledgedOnReturn(fault_schedule.Sequence):
 
     def _end_run(self, worker):
         step = worker.step
-        done = step is not None and not step.actions and step.commit
+        done = step is not None and not step.actions and (step.commit or self.batched)
         super()._end_run(worker)
         if done:
             self.ok.add(step.sid)
 
 
-def test_the_oracle_catches_a_step_acknowledged_before_it_is_durable(cluster):
+@pytest.mark.parametrize("mode", ["carried", "batched"])
+def test_the_oracle_catches_a_step_acknowledged_before_it_is_durable(cluster, mode):
     # The durability rule is what makes returning before the commit safe: a returned step that a PS
     # failure undoes must not have been acknowledged.
     stats = fault_schedule.Stats()
-    for seed in range(700, 708):
-        stats.add(_AcknowledgedOnReturn(cluster.target("chief"), seed, k=2, r=1, num_ps=3, carried=True).run())
+    for seed in range(700, 712):
+        stats.add(_AcknowledgedOnReturn(cluster.target("chief"), seed, k=2, r=1, num_ps=3, **{mode: True}).run(
+            stop=lambda s: bool(s.violations)))
         if stats.violations:
             break
     assert stats.violations, "the harness found nothing wrong with acknowledging steps on return"
@@ -196,3 +198,36 @@ def test_the_atomic_oracle_catches_settlement_that_undoes_the_older_step_first(c
     stats = fault_schedule.run_sequences(cluster.target("chief"), list(range(800, 812)), k=2, r=1, num_ps=3, workers=1,
                                          atomic=True, carried=True, reconciler_cls=_OldestFirst, until_violation=True)
     assert stats.violations, "the harness found nothing wrong with settling a trainer's older step first"
+
+
+@pytest.mark.parametrize("k,r,num_ps", [(2, 1, 3), (2, 2, 4)])
+def test_generated_sequences_with_folds_batched_over_steps_keep_every_invariant(cluster, k, r, num_ps):
+    """Steps of applies and a count, folded and committed by the workers' fold rounds (cut anywhere,
+    interleaved with other workers' steps and rounds): the oracle's OK steps are the ones a round found
+    durable, and a failure may undo only returned steps that were not."""
+    def enough(s):
+        return (s.steps_ok >= 10 and s.fold_rounds >= 8 and s.returned_not_durable >= 3 and s.ps_kills >= 2
+                and s.worker_kills >= 1 and s.parity_checks >= 4)
+
+    stats = fault_schedule.run_sequences(cluster.target("chief"), [900 + 10 * r + s for s in range(3)], k=k, r=r,
+                                         num_ps=num_ps, enough=enough, batched=True)
+    assert stats.violations == []
+    assert enough(stats), stats
+
+
+class _ReadyWithoutFolds(fault_schedule.Sequence):
+    """Fold rounds that commit every counted step, whether its applies are folded on every target or not."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.check_ready = False
+
+
+def test_the_oracle_catches_a_batched_step_committed_before_its_folds(cluster):
+    stats = fault_schedule.Stats()
+    for seed in range(950, 962):
+        stats.add(_ReadyWithoutFolds(cluster.target("chief"), seed, k=2, r=1, num_ps=3, batched=True).run(
+            stop=lambda s: bool(s.violations)))
+        if stats.violations:
+            break
+    assert stats.violations, "the harness found nothing wrong with committing steps whose folds are missing"
