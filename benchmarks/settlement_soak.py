@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=800, help="events per sequence")
     parser.add_argument("--carried", action="store_true",
                         help="each step's commit carried by the worker's next run (tf_ecrec.carried_commit)")
+    parser.add_argument("--batched", action="store_true",
+                        help="steps of applies and a count, folded by the workers' fold rounds (tf_ecrec.batched_commit)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     cluster = InProcessCluster(num_ps=4)
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.sequences):
         k, r, num_ps = (2, 1, 3) if i % 2 == 0 else (2, 2, 4)
         total.add(Sequence(cluster.target("chief"), args.first_seed + i, k=k, r=r, num_ps=num_ps,
-                           background=args.background, ticks=args.ticks, carried=args.carried).run())
+                           background=args.background, ticks=args.ticks, carried=args.carried,
+                           batched=args.batched).run())
         summary = {f.name: getattr(total, f.name) for f in dataclasses.fields(total) if f.name != "violations"}
         summary["violations"] = len(total.violations)
         summary["seconds"] = round(time.time() - started, 1)
