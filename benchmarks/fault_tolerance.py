@@ -45,10 +45,28 @@ PRESETS = {
     # The opt-in carried commit (TF_ECREC_COMMIT=carried: a step's commit rounds run with the trainer's
     # next step), against the default, the commit in the step's own run.
     "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    # The opt-in batched folds (TF_ECREC_COMMIT=batched: a step is its applies and count; the trainer's
+    # fold round every few steps folds and commits them, tf_ecrec.batched_commit).
+    "ecrec-2+1-batched": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    "ecrec-4+1-batched": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
+    "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
 }
+
+
+def _commit_env(name: str) -> dict | None:
+    """TF_ECREC_COMMIT for a preset named ...-carried or ...-batched (None: the default commit); ...-batched-N
+    folds every N steps of a trainer (a returned step waiting at most N / 16 s)."""
+    base, _, every = name.rpartition("-") if name.rpartition("-")[2].isdigit() else (name, "", "")
+    for mode in ("carried", "batched"):
+        if base.endswith(f"-{mode}"):
+            env = {"TF_ECREC_COMMIT": mode}
+            if every:
+                env.update({"TF_ECREC_FOLD_EVERY": every, "TF_ECREC_FOLD_DELAY_SECS": str(int(every) / 16)})
+            return env
+    return None
 
 
 def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str = "collection") -> dict:
@@ -59,7 +77,7 @@ def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str
     if "ecrec" not in flags:
         flags = [*flags, "--storage", storage]
     report = launched_job.run([*common, *flags], model_dir, name,
-                              env={"TF_ECREC_COMMIT": "carried"} if name.endswith("-carried") else None)
+                              env=_commit_env(name))
     print(f"  {name} #{index}: {report['samples_per_sec']:,.0f} samples/s", file=sys.stderr)
     return report
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from tf_ecrec import failpoints
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.step_program import ParityFolds, ReplicaFolds, TargetKind, barrier
+from tf_ecrec.step_program import ParityFolds, ReplicaFolds, StepGeneration, TargetKind, barrier, new_step_id
 
 if TYPE_CHECKING:
     from tf_ecrec.optimizer import ECOptimizer
@@ -61,6 +62,25 @@ WAIT_SECS = 30.0
 """How long a trainer over its bound runs rounds before it gives its session up."""
 
 
+ENV_EVERY = "TF_ECREC_FOLD_EVERY"
+ENV_DELAY = "TF_ECREC_FOLD_DELAY_SECS"
+
+
+def fold_schedule_from_environ() -> tuple[int, float]:
+    """(steps per round, seconds a returned step waits at most): `ENV_EVERY` and `ENV_DELAY`, else the defaults."""
+    values = []
+    for name, default, cast in ((ENV_EVERY, EVERY, int), (ENV_DELAY, MAX_DELAY_SECS, float)):
+        raw = os.environ.get(name, "").strip()
+        try:
+            value = cast(raw) if raw else default
+        except ValueError:
+            value = -1
+        if value <= 0:
+            raise ConfigError(f"{name}={raw!r}; rule: a positive {cast.__name__}; source: the environment")
+        values.append(value)
+    return int(values[0]), float(values[1])
+
+
 @dataclasses.dataclass(frozen=True)
 class FoldRound:
     """A fold round's graph: feed the trainer's pending step ids to `pending`, fetch `committed` (a flag each).
@@ -70,11 +90,14 @@ class FoldRound:
     (data target id -> a `present` flag vector per fold target) and `marks` (data target id -> the op
     marking what every target holds); `ready` (data PS -> the steps ready there) reads `ready_gates`
     (data PS -> the `counted` lists, after that PS's marks); `commits` (PS -> the steps committed there)
-    read every `ready`; `committed` reads `query_gate` (the pending ids, after every commit).
+    read every `ready`; `committed` reads `query_gate` (the pending ids, after every commit).  The folds
+    and commits read `round_id`, a fresh id carrying the trainer's generation: a PS that admits only
+    later generations refuses a round of a trainer that has not followed the cluster (Aborted).
     """
 
     pending: tf.Tensor
     committed: tf.Tensor
+    round_id: tf.Tensor
     counted: dict[int, tf.Tensor]
     takes: dict[int, tuple[tf.Tensor, ...]]
     folds: dict[int, list[tf.Tensor]]
@@ -85,12 +108,15 @@ class FoldRound:
     query_gate: tf.Tensor
 
 
-def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: dict[int, Any]) -> FoldRound:
+def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: dict[int, Any],
+                     generation: int | StepGeneration = 0) -> FoldRound:
     """The fold round of `opt`'s step: take, fold, mark, commit, and ask which pending steps are committed.
 
-    `counters`: the counter targets of the step (the global step and its replicas) by target id.
+    `counters`: the counter targets of the step (the global step and its replicas) by target id;
+    `generation`: the trainer's (its step ids').
     """
     with tf.name_scope("fold_round"):
+        round_id = tf.compat.v1.placeholder_with_default(new_step_id(generation), [], name="round_id")
         counted = {}
         for tid in sorted(counters):
             target = opt.targets[tid]
@@ -103,7 +129,7 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
             log = opt._log(data_ps)
             with tf.device(a.device):
                 takes[a.tid] = ec_ops.delta_log_take(log, a.tid, int(a.delta.shape[1]))
-            folds[a.tid] = _fold(opt, a, *takes[a.tid])
+            folds[a.tid] = _fold(opt, a, round_id, *takes[a.tid])
             with tf.device(a.device):
                 marks[a.tid] = ec_ops.delta_log_mark_folded(log, takes[a.tid][4], folds[a.tid])
             marks_of[data_ps].append(marks[a.tid])
@@ -116,18 +142,19 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
         commits = {}
         for p in sorted(opt.logs):
             with tf.device(ps_device(p)):
-                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), list(ready.values()))
+                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), round_id, list(ready.values()))
         gs_ps = opt.targets[min(counters)].ps
         pending = tf.compat.v1.placeholder(tf.int64, [None], name="pending_sids")
         with tf.device(ps_device(gs_ps)):
             with tf.control_dependencies(list(commits.values())):
                 query_gate = tf.identity(pending, name="query_gate")
             flags = ec_ops.delta_log_is_committed(opt._log(gs_ps), query_gate)
-    return FoldRound(pending, flags, counted, takes, folds, marks, gates, ready, commits, query_gate)
+    return FoldRound(pending, flags, round_id, counted, takes, folds, marks, gates, ready, commits, query_gate)
 
 
 def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: list[Any], global_step: Any,
-                 armed: Any, step_value: tf.Tensor) -> tuple[tf.Operation, dict[int, Any], list[Any]]:
+                 armed: Any, step_value: tf.Tensor, generation: int | StepGeneration = 0,
+                 ) -> tuple[tf.Operation, dict[int, Any], list[Any]]:
     """(train op, counts, what the count ends with) of a batched step: its applies, then its count on the
     global step and its replicas; registers the trainer's `BatchedCommit` with the step's fold round."""
     if global_step is None:
@@ -136,11 +163,13 @@ def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: li
     applies = barrier([a.delta.op for a in applied] + list(after_apply), opt._ec.r + 1, global_step.device, "applied")
     counts = opt._increment(global_step, applies)
     counted = failpoints.after_count(armed, [g.op for g in counts.values()], sorted({a.device for a in applied}), step_value)
-    opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts)).register()
+    every, delay = fold_schedule_from_environ()
+    opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts, generation), every=every,
+                                       max_delay_secs=delay).register()
     return tf.group(*counted, name="ec_step"), counts, counted
 
 
-def _fold(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor,
+def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor,
           sids: tf.Tensor, seqs: tf.Tensor) -> list[tf.Tensor]:
     """The batch of data target `a.tid` folded into each of its targets; a `present` vector per target."""
     plan = opt._fold_plan[a.tid]
@@ -150,7 +179,7 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tensor,
             target = opt.targets[rep_tid]
             with tf.device(ps_device(target.ps)):
                 present.append(ec_ops.parity_fold_batch(
-                    target.variables[0], rows, delta, entry, sids, seqs, 1, opt._log(target.ps), rep_tid, a.tid))
+                    target.variables[0], rows, delta, entry, sids, seqs, 1, opt._log(target.ps), round_id, rep_tid, a.tid))
         return present
     assert isinstance(plan, ParityFolds)
     coll = plan.coll
@@ -165,7 +194,7 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tensor,
         with tf.device(ps_device(route.ps)):
             present.append(ec_ops.parity_fold_batch(
                 parity, prow, sel_delta, tf.squeeze(sel_entry, 1), sids, seqs, route.coef,
-                opt._log(route.ps), ptid, a.tid))
+                opt._log(route.ps), round_id, ptid, a.tid))
     return present
 
 

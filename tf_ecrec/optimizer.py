@@ -212,7 +212,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             data_ps = sorted({device_task(a.device) for a in applied})
             self.carried_commit = None
             if self._mode(step_context) == "batched":  # a count after the applies; folds in rounds (tf_ecrec.batched_commit)
-                train_op, counts, counted = batched_step(self, applied, after_apply, global_step, armed, step_value)
+                train_op, counts, counted = batched_step(self, applied, after_apply, global_step, armed, step_value, generation)
                 fold_ops: dict[int, list[tf.Operation]] = {a.tid: [] for a in applied}
                 folds = [tf.group(a.delta) for a in applied]
                 round1: dict[int, Gated] = {}

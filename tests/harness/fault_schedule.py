@@ -473,7 +473,8 @@ class Sequence:
         """One op of the worker's fold round; the query ends it, and the steps it found durable are OK."""
         fr = self.rig.fold_round
         if worker.round is None:
-            worker.round = fold_rounds.new_round(self.rng, fr, [s.sid for s in worker.returned])
+            round_id = (worker.generation << GENERATION_SHIFT) | secrets.randbits(GENERATION_SHIFT)
+            worker.round = fold_rounds.new_round(self.rng, fr, [s.sid for s in worker.returned], round_id)
         kind, arg = worker.round.actions[0]
         self.stats.actions += 1
         try:
@@ -484,10 +485,16 @@ class Sequence:
             self.stats.violations.append(f"seed {self.seed}: {kind} {arg} of a fold round hung")
             self._abandon(worker)
             return
-        except tf.errors.AbortedError:
+        except tf.errors.AbortedError:  # a round of an older generation is refused
             self.stats.steps_failed += 1
             self._abandon(worker)
+            if worker.zombie:
+                self.stats.zombie_writes_refused += 1
+                worker.zombie = False
+                worker.generation = self.generation
             return
+        if worker.zombie and kind in ("fold", "commit"):
+            self.stats.violations.append(f"seed {self.seed}: a fold round of an older generation wrote ({kind})")
         worker.round.actions.pop(0)
         if worker.round.actions:
             return
@@ -720,9 +727,9 @@ class Sequence:
         for w in self.workers:
             if self.rng.random() < 0.5 and not self.atomic:  # a zombie would be a second writer
                 w.zombie = True  # still on the old cluster view
-            else:
+            elif not w.zombie:
                 w.generation = self.generation  # rebuilt: its next step is of the new generation
-        # a zombie stays a zombie until it is replaced (killed and restarted)
+        # a zombie stays a zombie until it is refused (it rebuilds) or replaced (killed and restarted)
         if self.atomic:
             # As a real recovery does: it raises the generation and settles every step in flight
             # before a trainer of the new generation writes (else the refused step and the next one

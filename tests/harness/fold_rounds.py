@@ -23,9 +23,10 @@ class Round:
     actions: list[tuple[str, Any]]
     results: dict = dataclasses.field(default_factory=dict)
     pending: list[int] = dataclasses.field(default_factory=list)  # the worker's returned steps it asks about
+    round_id: int = 0  # its id, the worker's generation in the top bits (a round of an older one is refused)
 
 
-def new_round(rng: np.random.Generator, fr: FoldRound, pending: list[int]) -> Round:
+def new_round(rng: np.random.Generator, fr: FoldRound, pending: list[int], round_id: int) -> Round:
     """The ops of a round in a random order the graph allows, asking about the steps `pending`."""
     takes = list(fr.takes)
     rng.shuffle(takes)
@@ -42,7 +43,7 @@ def new_round(rng: np.random.Generator, fr: FoldRound, pending: list[int]) -> Ro
     rng.shuffle(readies)
     commits = [("commit", p) for p in fr.commits]
     rng.shuffle(commits)
-    return Round(order + readies + commits + [("query", None)], pending=list(pending))
+    return Round(order + readies + commits + [("query", None)], pending=list(pending), round_id=round_id)
 
 
 def run_action(sess: Any, fr: FoldRound, rnd: Round, kind: str, arg: Any, options: Any,
@@ -50,13 +51,14 @@ def run_action(sess: Any, fr: FoldRound, rnd: Round, kind: str, arg: Any, option
     """Runs one op of `rnd`; for the query, returns the pending steps it found durable.  Without
     `check_ready` (a mutation test's broken protocol) every counted step is ready, folded or not."""
     res = rnd.results
+    ids = {fr.round_id: rnd.round_id}
     if kind == "counted":
         res["counted", arg] = sess.run(fr.counted[arg], options=options)
     elif kind == "take":
         res["take", arg] = sess.run(list(fr.takes[arg]), options=options)
     elif kind == "fold":
         tid, i = arg
-        feed = dict(zip(fr.takes[tid], res["take", tid]))
+        feed = {**ids, **dict(zip(fr.takes[tid], res["take", tid]))}
         res["present", tid, i] = sess.run(fr.folds[tid][i], feed, options=options)
     elif kind == "mark":
         feed = {fr.takes[arg][4]: res["take", arg][4]}
@@ -69,7 +71,7 @@ def run_action(sess: Any, fr: FoldRound, rnd: Round, kind: str, arg: Any, option
         feed = {g: res["counted", tid] for g, tid in zip(fr.ready_gates[arg], fr.counted)}
         res["ready", arg] = sess.run(fr.ready[arg], feed, options=options)
     elif kind == "commit":
-        feed = {fr.ready[p]: res["ready", p] for p in fr.ready}
+        feed = {**ids, **{fr.ready[p]: res["ready", p] for p in fr.ready}}
         res["commit", arg] = sess.run(fr.commits[arg], feed, options=options)
     else:
         flags = sess.run(fr.committed, {fr.query_gate: np.array(rnd.pending, np.int64)}, options=options)

@@ -41,14 +41,17 @@ def delta_log_take(log: tf.Tensor, target: int, width: int, name: str | None = N
 
 def parity_fold_batch(
     parity: VariableLike, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor, sids: tf.Tensor, seqs: tf.Tensor,
-    coef: int, log: tf.Tensor, target: int, source: int, field_bits: int = 16, name: str | None = None,
+    coef: int, log: tf.Tensor, round_id: tf.Tensor | int, target: int, source: int, field_bits: int = 16,
+    name: str | None = None,
 ) -> tf.Tensor:
-    """Folds a taken batch into `parity` (a parity or a replica), one logged fold per entry; present per entry."""
+    """Folds a taken batch into `parity` (a parity or a replica), one logged fold per entry; present per entry.
+    `round_id` carries the round's generation: a log that admits only later ones refuses the round (Aborted)."""
     return call_op(
         "ec_rec_parity_fold_batch", parity=resource_handle(parity, "parity"), rows=int64_tensor(rows, "rows"),
         delta=delta, entry=int32_tensor(entry, "entry"), sids=int64_tensor(sids, "sids"),
         seqs=int64_tensor(seqs, "seqs"), coef=int32_tensor(coef, "coef"), log=resource_handle(log, "log"),
-        target=int(target), source=int(source), field_bits=int(field_bits), name=name,
+        round_id=int64_tensor(round_id, "round_id"), target=int(target), source=int(source),
+        field_bits=int(field_bits), name=name,
     )
 
 
@@ -62,9 +65,12 @@ def delta_log_ready(log: tf.Tensor, counted: Sequence[tf.Tensor], name: str | No
     return call_log_op("ec_rec_delta_log_ready", log, name, counted=list(counted))
 
 
-def delta_log_commit_each(log: tf.Tensor, ready: Sequence[tf.Tensor], name: str | None = None) -> tf.Tensor:
-    """Round 2 of the steps ready on every data PS (`ready`) this log does not refuse; the sids committed here."""
-    return call_log_op("ec_rec_delta_log_commit_each", log, name, ready=list(ready))
+def delta_log_commit_each(log: tf.Tensor, round_id: tf.Tensor | int, ready: Sequence[tf.Tensor],
+                          name: str | None = None) -> tf.Tensor:
+    """Round 2 of the steps ready on every data PS (`ready`) this log does not refuse; the sids committed here.
+    A round (`round_id`) of an older generation than the log admits is refused (Aborted)."""
+    return call_log_op("ec_rec_delta_log_commit_each", log, name, round_id=int64_tensor(round_id, "round_id"),
+                       ready=list(ready))
 
 
 def delta_log_counted(log: tf.Tensor, target: int, name: str | None = None) -> tf.Tensor:

@@ -146,6 +146,9 @@ class ParityFoldBatchOp : public OpKernel {
                 errors::InvalidArgument("`coef` must be a non-zero element of GF(2^", field_bits_, "), got ", coef));
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 7, &log));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(8).shape()),
+                errors::InvalidArgument("`round_id` must be a scalar"));
+    OP_REQUIRES_OK(ctx, log->Admits(ctx->input(8).scalar<int64_t>()()));
     const int64_t m = static_cast<int64_t>(sids.size());
     std::vector<int64_t> ids;
     OP_REQUIRES_OK(ctx, RowIds(rows, "rows", &ids));
@@ -278,6 +281,9 @@ class DeltaLogCommitEachOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()),
+                errors::InvalidArgument("`round_id` must be a scalar"));
+    OP_REQUIRES_OK(ctx, log->Admits(ctx->input(1).scalar<int64_t>()()));
     std::vector<int64_t> ready;
     OP_REQUIRES_OK(ctx, Intersection(ctx, "ready", &ready));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, log->CommitEach(ready)));

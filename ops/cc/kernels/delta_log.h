@@ -218,6 +218,9 @@ class DeltaLog : public ResourceBase {
   std::vector<int64_t> CommitEach(const std::vector<int64_t>& sids);
   // The sids with a kCounter entry of `target` in the log.
   std::vector<int64_t> Counted(int32_t target) const;
+  // Aborted if `id` (a step or fold round id) is of an older generation than
+  // the log admits.
+  Status Admits(int64_t id) const;
   // Whether `sid` is committed here (the last kCommittedCapacity commits).
   bool IsCommitted(int64_t sid) const;
 

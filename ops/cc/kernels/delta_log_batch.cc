@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/delta_log.h"
+#include "tensorflow/core/lib/core/errors.h"
 
 namespace tensorflow {
 namespace ec_rec {
@@ -103,6 +104,16 @@ std::vector<int64_t> DeltaLog::Counted(int32_t target) const {
     if (e.kind == kCounter && e.target == target) out.push_back(e.sid);
   }
   return out;
+}
+
+Status DeltaLog::Admits(int64_t id) const {
+  mutex_lock lock(mu_);
+  if (GenerationOf(id) < min_generation_) {
+    return errors::Aborted("fold round ", id, " is of generation ", GenerationOf(id),
+                           " but this PS admits ", min_generation_,
+                           " and later (the cluster changed); nothing was folded or committed");
+  }
+  return OkStatus();
 }
 
 bool DeltaLog::IsCommitted(int64_t sid) const {

@@ -51,6 +51,7 @@ REGISTER_OP("EcRec>ParityFoldBatch")
     .Input("seqs: int64")
     .Input("coef: int32")
     .Input("log: resource")
+    .Input("round_id: int64")
     .Output("present: bool")
     .Attr("target: int >= 0")
     .Attr("source: int >= 0")
@@ -64,7 +65,9 @@ Folds a batch of taken apply entries of data target `source` into `parity`
 seqs[i]) is appended, as ParityUpdateLogged does, all under the variable's
 lock.  An entry whose fold the log holds already is skipped, and so is one the
 log refuses (fenced, committed, of an older generation).  present[i]: the
-fold of entry i is in `parity` now.
+fold of entry i is in `parity` now.  Fails with Aborted, folding nothing, if
+`round_id` (the round's id, its generation in bits 48..61) is of an older
+generation than the log admits: a trainer that has not followed the cluster.
 )doc");
 
 REGISTER_OP("EcRec>DeltaLogMarkFolded")
@@ -94,6 +97,7 @@ of the same targets; a step without an entry here is ready, a fenced one not.
 
 REGISTER_OP("EcRec>DeltaLogCommitEach")
     .Input("log: resource")
+    .Input("round_id: int64")
     .Input("ready: N * int64")
     .Output("committed: int64")
     .Attr("N: int >= 1")
@@ -103,7 +107,8 @@ REGISTER_OP("EcRec>DeltaLogCommitEach")
 Round 2 of each step ready on every data PS (the sids in each `ready`) that
 this log does not refuse (fenced, or of an older generation: left to
 settlement): drops its entries and remembers it committed.  Outputs the sids
-committed here, now or before.
+committed here, now or before.  Aborted, committing nothing, for a round
+(`round_id`) of an older generation than the log admits.
 )doc");
 
 REGISTER_OP("EcRec>DeltaLogCounted")
