@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
+from harness import fold_rounds
 from tf_ecrec import codec
 from tf_ecrec.embedding import ECContext, device_task, set_context
 from tf_ecrec.errors import RecoveryError
@@ -60,8 +61,6 @@ from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import raising_ready_op
 from tf_ecrec.step_program import GENERATION_SHIFT, TargetKind
 from tf_ecrec.verify import check_parity
-
-from harness import fold_rounds
 
 TABLES = [("a", 48), ("b", 12)]
 DIM = 4
