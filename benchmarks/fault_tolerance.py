@@ -40,16 +40,16 @@ PRESETS = {
     "ckpt-500": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "500"],
     "ckpt-1000": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "1000"],
     "ckpt-30s": ["--fault-tolerance", "checkpoint", "--checkpoint-secs", "30"],
+    # The default: folds batched over steps (a step is its applies and count; the trainer's fold round
+    # every few steps folds and commits them, tf_ecrec.batched_commit).
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
-    # The opt-in carried commit (TF_ECREC_COMMIT=carried: a step's commit rounds run with the trainer's
-    # next step), against the default, the commit in the step's own run.
+    "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # a round every 32 steps
+    # The other commit modes (TF_ECREC_COMMIT): in the step's own run (the default before 2026-11-28),
+    # and carried by the trainer's next run.
+    "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    "ecrec-4+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
-    # The opt-in batched folds (TF_ECREC_COMMIT=batched: a step is its applies and count; the trainer's
-    # fold round every few steps folds and commits them, tf_ecrec.batched_commit).
-    "ecrec-2+1-batched": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
-    "ecrec-4+1-batched": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
-    "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
@@ -57,12 +57,12 @@ PRESETS = {
 
 
 def _commit_env(name: str) -> dict | None:
-    """TF_ECREC_COMMIT for a preset named ...-carried or ...-batched (None: the default commit); ...-batched-N
-    folds every N steps of a trainer (a returned step waiting at most N / 16 s)."""
+    """TF_ECREC_COMMIT for a preset named ...-in-step, ...-carried or ...-batched (None: the default commit);
+    ...-batched-N folds every N steps of a trainer (a returned step waiting at most N / 16 s)."""
     base, _, every = name.rpartition("-") if name.rpartition("-")[2].isdigit() else (name, "", "")
-    for mode in ("carried", "batched"):
+    for mode in ("in-step", "carried", "batched"):
         if base.endswith(f"-{mode}"):
-            env = {"TF_ECREC_COMMIT": mode}
+            env = {"TF_ECREC_COMMIT": mode.replace("-", "_")}
             if every:
                 env.update({"TF_ECREC_FOLD_EVERY": every, "TF_ECREC_FOLD_DELAY_SECS": str(int(every) / 16)})
             return env

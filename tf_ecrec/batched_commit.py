@@ -32,6 +32,7 @@ import collections
 import dataclasses
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +45,15 @@ from tf_ecrec import failpoints
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.step_program import ParityFolds, ReplicaFolds, StepGeneration, TargetKind, barrier, new_step_id
+from tf_ecrec.step_program import (
+    GENERATION_SHIFT,
+    ParityFolds,
+    ReplicaFolds,
+    StepGeneration,
+    TargetKind,
+    barrier,
+    new_step_id,
+)
 
 if TYPE_CHECKING:
     from tf_ecrec.optimizer import ECOptimizer
@@ -165,7 +174,7 @@ def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: li
     counted = failpoints.after_count(armed, [g.op for g in counts.values()], sorted({a.device for a in applied}), step_value)
     every, delay = fold_schedule_from_environ()
     opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts, generation), every=every,
-                                       max_delay_secs=delay).register()
+                                       max_delay_secs=delay, generation=generation).register()
     return tf.group(*counted, name="ec_step"), counts, counted
 
 
@@ -209,8 +218,10 @@ class BatchedCommit:
 
     def __init__(self, sid: tf.Tensor, fold_round: FoldRound, every: int = EVERY,
                  max_delay_secs: float = MAX_DELAY_SECS, bound: int | None = None,
-                 wait_secs: float = WAIT_SECS) -> None:
+                 wait_secs: float = WAIT_SECS, generation: int | StepGeneration = 0) -> None:
         self.sid = sid
+        self._generation = generation if isinstance(generation, StepGeneration) else StepGeneration(generation)
+        self._fed = 0  # the id fed to the run in flight
         self.round = fold_round
         self.every = max(1, int(every))
         self.max_delay = float(max_delay_secs)
@@ -241,13 +252,16 @@ class BatchedCommit:
     # ---- what a run adds -------------------------------------------------------------------------
 
     def fetches(self) -> tuple[dict[str, Any], dict[Any, int]]:
-        """The step id, fetched with every run; nothing is fed."""
-        return {"sid": self.sid}, {}
+        """Nothing to fetch; the step's id, drawn here (its generation the session's), fed: a fetch of an id
+        drawn in the graph measured about 0.5 ms of CPU per step."""
+        self._fed = int((self._generation.value << GENERATION_SHIFT) | secrets.randbits(GENERATION_SHIFT))
+        return {}, {self.sid: self._fed}
 
     def returned(self, results: dict[str, Any]) -> None:
+        """The run with `fetches()` ended OK: its step (the id fed, or `results["sid"]`) is returned."""
         with self._lock:
             self._returned += 1
-            self._pending[self._returned] = (int(results["sid"]), time.monotonic())
+            self._pending[self._returned] = (int(results.get("sid", self._fed)), time.monotonic())
 
     def due(self) -> bool:
         with self._lock:
@@ -374,7 +388,8 @@ class BatchedCommit:
 
     def run(self, session: Any, fetches: Any, feed_dict: dict | None = None, **kwargs: Any) -> Any:
         """``session.run(fetches, feed_dict)`` of a protected step, then a fold round if one is due."""
-        out = session.run({"user": fetches, "ec": {"sid": self.sid}}, feed_dict, **kwargs)
+        extra, feeds = self.fetches()
+        out = session.run({"user": fetches, "ec": extra}, {**(feed_dict or {}), **feeds}, **kwargs)
         self.returned(out["ec"])
         self.after_return(session)
         return out["user"]

@@ -83,10 +83,10 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                 "source: RunConfig / TF_CONFIG"
             )
         ec.check_cluster(num_ps, source="TF_CONFIG ps job")
-        # The carried commit is opt-in (TF_ECREC_COMMIT=carried) until flash rounds and the hang
-        # detector are proven with it (docs/settlement.md, "Durable steps").
+        # A training step is its applies and count, folded and committed by the trainer's fold rounds
+        # (docs/settlement.md, "Folds batched over steps"); TF_ECREC_COMMIT chooses another mode.
         training = mode == tf.estimator.ModeKeys.TRAIN
-        context = ECContext(ec, num_ps, _generation(), commit=(commit_mode_from_environ() or "in_step") if training else "in_step")
+        context = ECContext(ec, num_ps, _generation(), commit=(commit_mode_from_environ() or "batched") if training else "in_step")
         set_context(context)
         kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.
