@@ -288,16 +288,25 @@ class BatchedCommit:
             self.fold(session)
 
     def fold(self, session: Any, timeout_ms: int = 30000) -> int:
-        """One fold round now; returns how many of this trainer's pending steps it found durable."""
+        """One fold round now; returns how many of this trainer's pending steps it found durable.
+
+        A pending step neither committed nor counted when the round began is *lost*: its count was
+        undone by settlement, or its run did not include the step (a run of other fetches through the
+        same hooks), and it never becomes durable."""
         with self._round_lock:
             with self._lock:
                 runs = list(self._pending)
                 sids = [self._pending[r][0] for r in runs]
-            flags = session.run(self.round.committed, {self.round.pending: np.array(sids, np.int64)},
-                                options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
+            counter = min(self.round.counted)
+            out = session.run({"committed": self.round.committed, "counted": self.round.counted[counter]},
+                              {self.round.pending: np.array(sids, np.int64)},
+                              options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
             self.rounds += 1
-            durable = [run for run, flag in zip(runs, flags) if flag]
+            counted = {int(s) for s in out["counted"]}
+            durable = [run for run, flag in zip(runs, out["committed"]) if flag]
+            lost = [run for run, sid, flag in zip(runs, sids, out["committed"]) if not flag and sid not in counted]
             self._resolve(durable, durable=True)
+            self._resolve(lost, durable=False)
             return len(durable)
 
     def _resolve(self, runs: list[int], durable: bool) -> None:

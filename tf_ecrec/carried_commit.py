@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -220,19 +221,25 @@ only once the last is acknowledged)."""
 
 
 class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
-    """Drives the `CarriedCommit`s of the graph in a MonitoredSession (every trainer, chief or not).
+    """Drives the deferred commits of the graph in a MonitoredSession (every trainer, chief or not): the
+    `CarriedCommit`s, or the `tf_ecrec.batched_commit.BatchedCommit`s, which have the same interface.
 
-    ``before_run`` adds the step id and the carried commit to the run; ``after_run`` moves on;
-    ``after_create_session`` gives up the step a failed session carried; ``end`` commits the last step.
-    A run in flight longer than `idle_flush_secs` has its carried commit run again, alone, from a
-    thread (idempotent: the commit of a committed step does nothing), which makes the carried step
-    durable for the record reports without waiting for the run.
+    ``before_run`` adds the step id (and the carried commit) to the run; ``after_run`` moves on (a
+    batched commit runs its fold round there when one is due); ``after_create_session`` gives up the
+    steps a failed session left not durable; ``end`` makes the last ones durable.  A run in flight
+    longer than `idle_flush_secs` has its commit run alone from a watcher thread (idempotent: the
+    commit of a committed step does nothing; a fold round folds what is there), which makes returned
+    steps durable for the record reports without waiting for the run.  One watcher per session, not a
+    timer per run: a thread started per run costs CPU on every step.
     """
 
     def __init__(self, idle_flush_secs: float = IDLE_FLUSH_SECS) -> None:
         self._commits: list[CarriedCommit] = []
         self._idle = float(idle_flush_secs)
-        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()  # held by an idle flush: after_run waits for it to end
+        self._in_flight: tuple[float, Any] | None = None  # (started, session) of the run in flight
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def begin(self) -> None:
         self._commits = carried_commits()
@@ -242,6 +249,10 @@ class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
             given_up = commit.reset()
             if given_up is not None:
                 commit.collect(session, given_up)
+        if self._commits and self._idle > 0 and self._watcher is None:
+            self._stop.clear()
+            self._watcher = threading.Thread(target=self._watch, name="ec-idle-commit", daemon=True)
+            self._watcher.start()
 
     def before_run(self, run_context: Any) -> Any:
         if not self._commits:
@@ -251,32 +262,41 @@ class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
             f, d = commit.fetches()
             fetches[i] = f
             feeds.update(d)
-        if (feeds or any(c.pending_sids() for c in self._commits)) and self._idle > 0:
-            self._timer = threading.Timer(self._idle, self._idle_all, args=(run_context.session,))
-            self._timer.daemon = True
-            self._timer.start()
+        with self._lock:
+            self._in_flight = (time.monotonic(), run_context.session)
         return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feeds)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        self._stop_timer()
+        with self._lock:  # an idle flush in flight ends before the run's results are read
+            self._in_flight = None
         for i, commit in enumerate(self._commits):
             commit.returned(run_values.results[i])
             commit.after_return(run_context.session)
 
     def end(self, session: Any) -> None:
-        self._stop_timer()
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=60.0)
+            self._watcher = None
         self._flush_all(session)
 
     def _flush_all(self, session: Any) -> None:
         for commit in self._commits:
             commit.flush(session)
 
-    def _idle_all(self, session: Any) -> None:
-        for commit in self._commits:
-            commit.idle(session)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer.join(timeout=60.0)  # a flush in flight ends before the run's results are read
-            self._timer = None
+    def _watch(self) -> None:
+        """Runs the commits alone once per run that is in flight longer than the idle bound."""
+        flushed: float | None = None
+        while not self._stop.wait(min(self._idle, 0.25)):
+            with self._lock:
+                if self._in_flight is None or self._in_flight[0] == flushed:
+                    continue
+                started, session = self._in_flight
+                if time.monotonic() - started < self._idle or not any(c.pending_sids() for c in self._commits):
+                    continue
+                flushed = started
+                for commit in self._commits:
+                    try:
+                        commit.idle(session)
+                    except (tf.errors.OpError, RuntimeError) as exc:  # the session failed or closed meanwhile
+                        _LOG.debug("an idle commit was left to the next run: %s", exc)

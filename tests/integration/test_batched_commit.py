@@ -10,6 +10,7 @@ are acknowledged to the master only once it is durable.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -178,3 +179,29 @@ def test_records_are_acknowledged_once_durable_and_never_for_a_step_given_up(clu
     state = client.data_state("train")
     assert commit.lost == 2 and progress.records_dropped == 2 * BATCH
     assert state.records_trained == (4 + 3) * BATCH
+
+
+def test_a_run_in_flight_longer_than_the_idle_bound_makes_the_returned_steps_durable_meanwhile(cluster) -> None:
+    """A run that waits (a slow input, a hook) does not hold back its trainer's returned steps: the hook's
+    watcher runs a fold round alone once the run is in flight past the idle bound."""
+    cluster.reset()
+    rng = np.random.default_rng(5)
+    graph, parts = _graph("chief")
+    commit = parts["commit"]
+    commit.every, commit.max_delay = 8, 3600.0  # no round is due by count or age in this test
+    with graph.as_default():
+        slow = tf.numpy_function(lambda: np.int64(time.sleep(2.0) or 0), [], tf.int64)
+        creator = tf.compat.v1.train.ChiefSessionCreator(master=cluster.target("chief"))
+        session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[CarriedCommitHook(idle_flush_secs=0.3)])
+    with session as sess:
+        for _ in range(2):
+            sess.run(parts["train"], {parts["ids"]: _batch(rng)})
+        assert commit.durable == 0 and len(commit.pending_sids()) == 2
+        sess.run([parts["train"], slow], {parts["ids"]: _batch(rng)})
+        # The watcher's round, during the slow run, made the two earlier steps durable; the slow run's own
+        # step returned after it.
+        assert commit.durable == 2 and commit.rounds == 1 and len(commit.pending_sids()) == 1
+        sess.run(slow)  # a run through the same hooks without the step (its id is never counted), long
+        assert commit.durable == 3 and len(commit.pending_sids()) == 1  # the watcher folded the third meanwhile
+    # The end folded the last step and found the other run's id lost (not waited on for ever).
+    assert commit.durable == 3 and commit.lost == 1 and not commit.pending_sids()
