@@ -29,7 +29,6 @@ the same hooks drive it); `after_return` runs the round when one is due.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import secrets
@@ -42,18 +41,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import failpoints
-from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.step_program import (
-    GENERATION_SHIFT,
-    ParityFolds,
-    ReplicaFolds,
-    StepGeneration,
-    TargetKind,
-    barrier,
-    new_step_id,
-)
+from tf_ecrec.fold_round import FoldRound, build_fold_round
+from tf_ecrec.step_program import GENERATION_SHIFT, StepGeneration, barrier
 
 if TYPE_CHECKING:
     from tf_ecrec.optimizer import ECOptimizer
@@ -90,77 +80,6 @@ def fold_schedule_from_environ() -> tuple[int, float]:
     return int(values[0]), float(values[1])
 
 
-@dataclasses.dataclass(frozen=True)
-class FoldRound:
-    """A fold round's graph: feed the trainer's pending step ids to `pending`, fetch `committed` (a flag each).
-
-    Each phase is also runnable alone (the fault-schedule harness cuts rounds between any two ops), by
-    feeding what it reads: `takes` (data target id -> rows, delta, entry, sids, seqs) feed `folds`
-    (data target id -> a `present` flag vector per fold target) and `marks` (data target id -> the op
-    marking what every target holds); `ready` (data PS -> the steps ready there) reads `ready_gates`
-    (data PS -> the `counted` lists, after that PS's marks); `commits` (PS -> the steps committed there)
-    read every `ready`; `committed` reads `query_gate` (the pending ids, after every commit).  The folds
-    and commits read `round_id`, a fresh id carrying the trainer's generation: a PS that admits only
-    later generations refuses a round of a trainer that has not followed the cluster (Aborted).
-    """
-
-    pending: tf.Tensor
-    committed: tf.Tensor
-    round_id: tf.Tensor
-    counted: dict[int, tf.Tensor]
-    takes: dict[int, tuple[tf.Tensor, ...]]
-    folds: dict[int, list[tf.Tensor]]
-    marks: dict[int, tf.Operation]
-    ready_gates: dict[int, list[tf.Tensor]]
-    ready: dict[int, tf.Tensor]
-    commits: dict[int, tf.Tensor]
-    query_gate: tf.Tensor
-
-
-def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: dict[int, Any],
-                     generation: int | StepGeneration = 0) -> FoldRound:
-    """The fold round of `opt`'s step: take, fold, mark, commit, and ask which pending steps are committed.
-
-    `counters`: the counter targets of the step (the global step and its replicas) by target id;
-    `generation`: the trainer's (its step ids').
-    """
-    with tf.name_scope("fold_round"):
-        round_id = tf.compat.v1.placeholder_with_default(new_step_id(generation), [], name="round_id")
-        counted = {}
-        for tid in sorted(counters):
-            target = opt.targets[tid]
-            with tf.device(ps_device(target.ps)):
-                counted[tid] = ec_ops.delta_log_counted(opt._log(target.ps), tid)
-        takes, folds, marks = {}, {}, {}
-        marks_of: dict[int, list[Any]] = collections.defaultdict(list)
-        for a in applied:
-            data_ps = opt.targets[a.tid].ps
-            log = opt._log(data_ps)
-            with tf.device(a.device):
-                takes[a.tid] = ec_ops.delta_log_take(log, a.tid, int(a.delta.shape[1]))
-            folds[a.tid] = _fold(opt, a, round_id, *takes[a.tid])
-            with tf.device(a.device):
-                marks[a.tid] = ec_ops.delta_log_mark_folded(log, takes[a.tid][4], folds[a.tid])
-            marks_of[data_ps].append(marks[a.tid])
-        gates, ready = {}, {}
-        for p in sorted(marks_of):
-            with tf.device(ps_device(p)), tf.control_dependencies(marks_of[p]):
-                gates[p] = [tf.identity(c, name="counted_gate") for c in counted.values()]
-            with tf.device(ps_device(p)):
-                ready[p] = ec_ops.delta_log_ready(opt._log(p), gates[p])
-        commits = {}
-        for p in sorted(opt.logs):
-            with tf.device(ps_device(p)):
-                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), round_id, list(ready.values()))
-        gs_ps = opt.targets[min(counters)].ps
-        pending = tf.compat.v1.placeholder(tf.int64, [None], name="pending_sids")
-        with tf.device(ps_device(gs_ps)):
-            with tf.control_dependencies(list(commits.values())):
-                query_gate = tf.identity(pending, name="query_gate")
-            flags = ec_ops.delta_log_is_committed(opt._log(gs_ps), query_gate)
-    return FoldRound(pending, flags, round_id, counted, takes, folds, marks, gates, ready, commits, query_gate)
-
-
 def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: list[Any], global_step: Any,
                  armed: Any, step_value: tf.Tensor, generation: int | StepGeneration = 0,
                  ) -> tuple[tf.Operation, dict[int, Any], list[Any]]:
@@ -176,35 +95,6 @@ def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: li
     opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts, generation), every=every,
                                        max_delay_secs=delay, generation=generation).register()
     return tf.group(*counted, name="ec_step"), counts, counted
-
-
-def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor,
-          sids: tf.Tensor, seqs: tf.Tensor) -> list[tf.Tensor]:
-    """The batch of data target `a.tid` folded into each of its targets; a `present` vector per target."""
-    plan = opt._fold_plan[a.tid]
-    present = []
-    if isinstance(plan, ReplicaFolds):
-        for rep_tid in plan.targets:
-            target = opt.targets[rep_tid]
-            with tf.device(ps_device(target.ps)):
-                present.append(ec_ops.parity_fold_batch(
-                    target.variables[0], rows, delta, entry, sids, seqs, 1, opt._log(target.ps), round_id, rep_tid, a.tid))
-        return present
-    assert isinstance(plan, ParityFolds)
-    coll = plan.coll
-    routes = coll.table_layout.fold_routes(plan.ps, coll.code)
-    bases = np.stack([route.parity_base for route in routes])
-    with tf.device(a.device):  # split by route on the data's PS, the entry index routed as a one-word delta
-        split = ec_ops.route_deltas(rows, delta, bases, coll.chunk_rows)
-        tags = ec_ops.route_deltas(rows, tf.expand_dims(entry, 1), bases, coll.chunk_rows)
-    for route, (prow, sel_delta), (_, sel_entry) in zip(routes, split, tags):
-        parity = opt.parity[coll.name][route.ps]
-        ptid = opt._target(variable_name(parity), route.ps, [parity], TargetKind.PARITY)
-        with tf.device(ps_device(route.ps)):
-            present.append(ec_ops.parity_fold_batch(
-                parity, prow, sel_delta, tf.squeeze(sel_entry, 1), sids, seqs, route.coef,
-                opt._log(route.ps), round_id, ptid, a.tid))
-    return present
 
 
 class BatchedCommit:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec.batched_commit import FoldRound
+from tf_ecrec.fold_round import FoldRound
 
 
 @dataclasses.dataclass

@@ -56,6 +56,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.optimizer": 2,
     "tf_ecrec.carried_commit": 2,
     "tf_ecrec.batched_commit": 2,
+    "tf_ecrec.fold_round": 2,
     "tf_ecrec.steplog": 2,
     "tf_ecrec.stale_steps": 2,
     "tf_ecrec.rebuild": 2,
