@@ -94,6 +94,8 @@ class RecoveryLog:
     failure (`StepWatch`); with other workers training it may lag the true
     step by their steps in flight, so ``steps_rolled_back`` is a lower bound
     of what a checkpoint restore lost, and 0 for a rebuild from parity.
+    ``steps_undone`` are the steps settlement took back (returned, not durable:
+    their records are trained again); they are not counted as rolled back.
     """
 
     def __init__(self, path: str, task: str, watch: StepWatch,
@@ -110,7 +112,7 @@ class RecoveryLog:
             "time": round(time.time(), 3), "task": self._task, "method": str(result.method),
             "lost_ps": list(result.lost_ps), "background": bool(result.background),
             "step_before": before, "global_step": result.global_step,
-            "steps_rolled_back": (max(0, before - result.global_step)
+            "steps_rolled_back": (max(0, before - result.global_step - int(result.steps_undone))
                                   if before is not None and result.global_step is not None else None),
             "bytes_rebuilt": int(result.bytes_rebuilt), "seconds": round(float(result.seconds), 3),
             "steps_undone": int(result.steps_undone), "steps_finished": int(result.steps_finished),

@@ -84,7 +84,9 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
             entries = [json.loads(line) for line in fh]
         rebuilt = [e for e in entries if e["lost_ps"] == [1]]
         assert rebuilt and rebuilt[0]["method"] == "parity", entries
-        assert rebuilt[0]["steps_rolled_back"] == 0 and rebuilt[0]["global_step"] >= killed_at, entries
+        assert rebuilt[0]["steps_rolled_back"] == 0, entries
+        # What settlement undid (returned steps not yet durable: their records are trained again) is bounded.
+        assert rebuilt[0]["global_step"] + rebuilt[0]["steps_undone"] >= killed_at, entries
         assert "method': 'checkpoint" not in job.log("chief:0")
 
         # Parity is exact on the live PS after training.

@@ -24,8 +24,10 @@ ARGS = ["--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3", "--workers", "
         "--deterministic", "--table-rows", "2000", "--embedding-dim", "8", "--quiet", "--restart-delay", "1"]
 
 
-def _run(model_dir, failpoints=None):
+def _run(model_dir, failpoints=None, commit=None):
     env = {"TF_ECREC_FAILPOINT_DIR": str(model_dir)}
+    if commit:
+        env["TF_ECREC_COMMIT"] = commit
     if failpoints:
         env["TF_ECREC_FAILPOINT"] = failpoints
     os.makedirs(model_dir, exist_ok=True)
@@ -37,7 +39,10 @@ def _run(model_dir, failpoints=None):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("ref"))["variables_sha256"]
+    # The points are the phases of a step with its folds and commit in its run (TF2 steps; Estimator
+    # jobs with TF_ECREC_COMMIT=in_step): the reference runs so too.  One worker makes the bytes the same
+    # in every commit mode, so the moved-PS job (the default, folds batched over steps) is held to it too.
+    return _run(tmp_path_factory.mktemp("ref"), commit="in_step")["variables_sha256"]
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,7 @@ def reference(tmp_path_factory):
     ids=["ps-side", "worker-side"],
 )
 def test_processes_killed_at_failpoints_leave_the_same_bytes_as_no_failure(tmp_path, reference, failpoints):
-    report = _run(tmp_path, failpoints)
+    report = _run(tmp_path, failpoints, commit="in_step")
     for entry in failpoints.split(","):
         point, task, _ = entry.split("@")
         assert os.path.exists(tmp_path / f"tf_ecrec_failpoint_{point}_{task.replace(':', '_')}"), f"{entry} did not fire"
