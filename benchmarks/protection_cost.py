@@ -8,14 +8,14 @@ storage fixed and varies only the optimizer:
 
 * ``stock``: `EmbeddingCollection` storage trained by the stock v1 Adagrad
   (`ResourceSparseApplyAdagrad` on each PS variable; no parity, no replicas);
-* ``ecrec K+R``: the same storage under `tf_ecrec.ECOptimizer` (apply with
-  delta, parity folds, dense and global-step replicas, delta logs), each
-  step's commit carried by the next step's run (`tf_ecrec.carried_commit`,
-  the default of Estimator jobs);
-* ``ecrec K+R in-step``: the same with the commit in the step's own run (TF2
-  ParameterServerStrategy steps, and every step before the carried commit);
-* ``ecrec K+R batched [N]``: a step of applies and a count, its folds and commit
-  in a fold round every N steps (default 8; `tf_ecrec.batched_commit`).
+* ``ecrec K+R [batched N]``: the same storage under `tf_ecrec.ECOptimizer`
+  (apply with delta, parity folds, dense and global-step replicas, delta
+  logs) as Estimator jobs run it: a step of applies and a count, its folds
+  and commit in a fold round every N steps (default 8; `tf_ecrec.batched_commit`);
+* ``ecrec K+R carried``: each step's folds in its run, its commit carried by
+  the next step's run (`tf_ecrec.carried_commit`);
+* ``ecrec K+R in-step``: folds and commit in the step's own run (TF2
+  ParameterServerStrategy steps, and Estimator steps before 2026-11-28).
 
 Method.  One process runs, for each configuration, its own PS tasks and one
 worker as in-process TensorFlow servers on loopback (gRPC between them, as
@@ -85,7 +85,7 @@ def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Serv
 def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object, object]:
     """(graph, ids placeholder, train op, init op, carried commit or None) of one configuration."""
     ec = tf_ecrec.ECConfig(2, 1) if config == "stock" else tf_ecrec.ECConfig.parse(config.split()[1])
-    commit = "in_step" if config.endswith("in-step") else "batched" if "batched" in config else "carried"
+    commit = "in_step" if "in-step" in config else "carried" if "carried" in config else "batched"
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=num_ps, worker_device="/job:worker/task:0")):
         tf.compat.v1.set_random_seed(1)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
-    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 batched,ecrec 2+1 in-step,ecrec 4+1,ecrec 4+1 batched")
+    parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 in-step,ecrec 4+1,ecrec 4+1 in-step")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="trace N steps of each configuration")
     parser.add_argument("--cuts", action="store_true",
                         help="instead: ecrec 2+1 in-step run up to each phase (apply, fold, count, commit), beside stock")

@@ -419,6 +419,31 @@ def test_a_cancelled_step_stops_waiting_for_its_in_order_commit() -> None:
         assert snap.is_data_committed(1) and snap.is_data_committed(2)
 
 
+def test_round_1_of_several_steps_does_not_pass_another_steps_apply_between_them() -> None:
+    """Settlement commits several steps with one round 1: steps 1 and 3 of a variable that step 2 (live,
+    not settled) applied between them.  Step 1 commits; step 3 must wait for step 2, else the committed
+    applies of the variable are no longer a prefix and a lost PS's rollback keeps 3 without 2 (F1).  The
+    batched settlement soak found this (a decoded row held a value no sequence of its updates produced)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.Variable(np.zeros([ROWS, DIM], F32))
+        log = ec_ops.delta_log(_log_name())
+        sid = V1.placeholder(tf.int64, [])
+        apply = ec_ops.sparse_apply_sgd_with_delta(var, tf.ones([1, DIM]), tf.constant([0], tf.int64), 0.1,
+                                                   log=log, sid=sid, target=0)
+        sids = V1.placeholder(tf.int64, None)
+        in_order = ec_ops.delta_log_commit_in_order(log, sids, timeout_ms=0, bypass_fence=True)
+        init = V1.global_variables_initializer()
+    with _session(graph) as sess:
+        sess.run(init)
+        for s in (1, 2, 3):
+            sess.run(apply, {sid: s})
+        with pytest.raises(tf.errors.AbortedError):
+            sess.run(in_order, {sids: [1, 3]})
+        sess.run(in_order, {sids: 2})
+        sess.run(in_order, {sids: [1, 3]})  # nothing between them now
+
+
 def test_commit_drops_the_entries_and_remembers_the_sid() -> None:
     graph = tf.Graph()
     with graph.as_default():

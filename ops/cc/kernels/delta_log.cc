@@ -185,43 +185,34 @@ Status DeltaLog::TryInOrderLocked(const Waiter& w, bool* ready,
   *progress = false;
   if (!w.bypass) TF_RETURN_IF_ERROR(RefusedLocked(w.sids));
   const std::unordered_set<int64_t> mine(w.sids.begin(), w.sids.end());
-  // Per target, independently: the apply entries of `mine` on a target that
-  // no other step's apply precedes are committed now. Waiting per target
-  // (not per PS) keeps two steps that applied two variables of this PS in
-  // opposite orders from waiting on each other.
+  // Per target, independently: an apply entry of `mine` is committed now if no other step's apply
+  // not round-1 committed precedes it. Per entry, not per target: with several steps in `mine` (a
+  // settlement's), a later one must not pass another step's entry that lies between them (the
+  // committed entries of a target stay a prefix, F1). Waiting per target (not per PS) keeps two
+  // steps that applied two variables of this PS in opposite orders from waiting on each other.
   std::map<int32_t, int64_t> first_other;  // target -> lowest seq of others
-  std::map<int32_t, int64_t> first_mine;   // target -> lowest seq of mine
   for (const Entry& e : entries_) {
-    if (e.kind != kApply || e.in_order_committed) continue;
-    auto& first = mine.count(e.sid) != 0 ? first_mine : first_other;
-    first.emplace(e.target, e.seq);
+    if (e.kind != kApply || e.in_order_committed || mine.count(e.sid) != 0) continue;
+    first_other.emplace(e.target, e.seq);
   }
-  std::unordered_set<int32_t> free_targets;
-  for (const auto& [target, seq] : first_mine) {
-    auto other = first_other.find(target);
-    if (other == first_other.end() || other->second > seq) {
-      free_targets.insert(target);
+  bool blocked = false;
+  for (Entry& e : entries_) {
+    if (e.kind != kApply || e.in_order_committed || mine.count(e.sid) == 0) continue;
+    auto other = first_other.find(e.target);
+    if (other == first_other.end() || other->second > e.seq) {
+      e.in_order_committed = true;
+      *progress = true;
+    } else {
+      blocked = true;
     }
   }
-  if (!free_targets.empty()) {
-    // Round 1 runs after all of a step's updates: mark it at the first commit.
-    for (int64_t sid : w.sids) {
-      Remember(&data_committed_, &data_committed_set_, sid);
-    }
-    for (Entry& e : entries_) {
-      if (e.kind == kApply && mine.count(e.sid) != 0 &&
-          free_targets.count(e.target) != 0) {
-        e.in_order_committed = true;
-      }
-    }
-    *progress = true;
-  }
-  *ready = free_targets.size() == first_mine.size();
-  if (*ready) {
+  // Round 1 runs after all of a step's updates: mark it at the first commit.
+  if (*progress || !blocked) {
     for (int64_t sid : w.sids) {
       Remember(&data_committed_, &data_committed_set_, sid);
     }
   }
+  *ready = !blocked;
   return OkStatus();
 }
 
