@@ -211,7 +211,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             after_apply = failpoints.after_apply(armed, [(a.device, a.delta) for a in applied], step_value)
             data_ps = sorted({device_task(a.device) for a in applied})
             self.carried_commit = None
-            if self._mode(step_context) == "batched":  # a count after the applies; folds in rounds (tf_ecrec.batched_commit)
+            # Batched: a count after the applies, folds in rounds (tf_ecrec.batched_commit); without a global step it commits in its run.
+            if self._mode(step_context) == "batched" and global_step is not None:
                 train_op, counts, counted = batched_step(self, applied, after_apply, global_step, armed, step_value, generation)
                 fold_ops: dict[int, list[tf.Operation]] = {a.tid: [] for a in applied}
                 folds = [tf.group(a.delta) for a in applied]

@@ -181,7 +181,10 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         assert _digest(net, job, model_dir, old_ps) == seen
         steps = {name: value for name, value in seen["scalars"].items() if "global_step" in name}
         assert steps, seen["scalars"]
-        assert all(value <= rebuilt["global_step"] + len(TRAINERS) for value in steps.values()), (steps, rebuilt)
+        # The zombie's copies stopped at the kill: at most the recovered step plus what settlement undid (returned
+        # steps not durable yet) plus a step in flight per trainer.
+        bound = rebuilt["global_step"] + rebuilt["steps_undone"] + len(TRAINERS)
+        assert all(value <= bound for value in steps.values()), (steps, rebuilt)
         assert final >= rebuilt["global_step"] + 400
         print(f"cut off for {cut_for:.1f} s; zombie's global step copies {steps}, job's final step {final}; "
               f"bytes the zombie got from the job, by connection: {later} (written before it was back: {queued})")
