@@ -64,6 +64,14 @@ Status Intersection(OpKernelContext* ctx, const char* name,
   return OkStatus();
 }
 
+// The round's id at `input`, a scalar, admitted by `log` (its generation not older than the log's).
+Status AdmitRound(OpKernelContext* ctx, int input, const DeltaLog& log) {
+  if (!TensorShapeUtils::IsScalar(ctx->input(input).shape())) {
+    return errors::InvalidArgument("`round_id` must be a scalar");
+  }
+  return log.Admits(ctx->input(input).scalar<int64_t>()());
+}
+
 // Outputs (rows, delta, entry, sids, seqs) of the apply entries of `target`
 // not marked folded: entry i's distinct rows and words, rows tagged with i.
 class DeltaLogTakeOp : public OpKernel {
@@ -146,9 +154,7 @@ class ParityFoldBatchOp : public OpKernel {
                 errors::InvalidArgument("`coef` must be a non-zero element of GF(2^", field_bits_, "), got ", coef));
     core::RefCountPtr<DeltaLog> log;
     OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 7, &log));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(8).shape()),
-                errors::InvalidArgument("`round_id` must be a scalar"));
-    OP_REQUIRES_OK(ctx, log->Admits(ctx->input(8).scalar<int64_t>()()));
+    OP_REQUIRES_OK(ctx, AdmitRound(ctx, 8, *log));
     const int64_t m = static_cast<int64_t>(sids.size());
     std::vector<int64_t> ids;
     OP_REQUIRES_OK(ctx, RowIds(rows, "rows", &ids));
@@ -237,59 +243,41 @@ class ParityFoldBatchOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ParityFoldBatch").Device(DEVICE_CPU), ParityFoldBatchOp);
 
-class DeltaLogMarkFoldedOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    const std::vector<int64_t> seqs = VectorOf(ctx->input(1));
-    OpInputList present;
-    OP_REQUIRES_OK(ctx, ctx->input_list("present", &present));
-    std::vector<int64_t> folded;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      bool everywhere = true;
-      for (int k = 0; k < present.size(); ++k) {
-        OP_REQUIRES(ctx, present[k].NumElements() == static_cast<int64_t>(seqs.size()),
-                    errors::InvalidArgument("`present` ", k, " has ", present[k].NumElements(),
-                                            " flags for ", seqs.size(), " entries"));
-        everywhere = everywhere && present[k].flat<bool>()(i);
-      }
-      if (everywhere) folded.push_back(seqs[i]);
+Status MarkFolded(OpKernelContext* ctx, DeltaLog* log) {
+  const std::vector<int64_t> seqs = VectorOf(ctx->input(1));
+  OpInputList present;
+  TF_RETURN_IF_ERROR(ctx->input_list("present", &present));
+  for (int k = 0; k < present.size(); ++k) {
+    if (present[k].NumElements() != static_cast<int64_t>(seqs.size())) {
+      return errors::InvalidArgument("`present` ", k, " has ", present[k].NumElements(), " flags for ",
+                                     seqs.size(), " entries");
     }
-    log->MarkFolded(folded);
   }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogMarkFolded").Device(DEVICE_CPU), DeltaLogMarkFoldedOp);
+  std::vector<int64_t> folded;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    bool everywhere = true;
+    for (int k = 0; k < present.size(); ++k) everywhere = everywhere && present[k].flat<bool>()(i);
+    if (everywhere) folded.push_back(seqs[i]);
+  }
+  log->MarkFolded(folded);
+  return OkStatus();
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogMarkFolded").Device(DEVICE_CPU), DeltaLogOp<MarkFolded>);
 
-class DeltaLogReadyOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    std::vector<int64_t> candidates;
-    OP_REQUIRES_OK(ctx, Intersection(ctx, "counted", &candidates));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, log->Ready(candidates)));
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogReady").Device(DEVICE_CPU), DeltaLogReadyOp);
+Status Ready(OpKernelContext* ctx, DeltaLog* log) {
+  std::vector<int64_t> candidates;
+  TF_RETURN_IF_ERROR(Intersection(ctx, "counted", &candidates));
+  return OutputVector(ctx, 0, log->Ready(candidates));
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogReady").Device(DEVICE_CPU), DeltaLogOp<Ready>);
 
-class DeltaLogCommitEachOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()),
-                errors::InvalidArgument("`round_id` must be a scalar"));
-    OP_REQUIRES_OK(ctx, log->Admits(ctx->input(1).scalar<int64_t>()()));
-    std::vector<int64_t> ready;
-    OP_REQUIRES_OK(ctx, Intersection(ctx, "ready", &ready));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, log->CommitEach(ready)));
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommitEach").Device(DEVICE_CPU), DeltaLogCommitEachOp);
+Status CommitEach(OpKernelContext* ctx, DeltaLog* log) {
+  TF_RETURN_IF_ERROR(AdmitRound(ctx, 1, *log));
+  std::vector<int64_t> ready;
+  TF_RETURN_IF_ERROR(Intersection(ctx, "ready", &ready));
+  return OutputVector(ctx, 0, log->CommitEach(ready));
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommitEach").Device(DEVICE_CPU), DeltaLogOp<CommitEach>);
 
 class DeltaLogCountedOp : public OpKernel {
  public:
@@ -307,19 +295,14 @@ class DeltaLogCountedOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCounted").Device(DEVICE_CPU), DeltaLogCountedOp);
 
-class DeltaLogIsCommittedOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    const std::vector<int64_t> sids = VectorOf(ctx->input(1));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(sids.size())}), &out));
-    for (size_t i = 0; i < sids.size(); ++i) out->flat<bool>()(i) = log->IsCommitted(sids[i]);
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogIsCommitted").Device(DEVICE_CPU), DeltaLogIsCommittedOp);
+Status IsCommitted(OpKernelContext* ctx, DeltaLog* log) {
+  const std::vector<int64_t> sids = VectorOf(ctx->input(1));
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({static_cast<int64_t>(sids.size())}), &out));
+  for (size_t i = 0; i < sids.size(); ++i) out->flat<bool>()(i) = log->IsCommitted(sids[i]);
+  return OkStatus();
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogIsCommitted").Device(DEVICE_CPU), DeltaLogOp<IsCommitted>);
 
 }  // namespace
 }  // namespace ec_rec
