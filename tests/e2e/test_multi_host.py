@@ -28,6 +28,7 @@ import sys
 import time
 
 import pytest
+from harness.h2_capture import frames_from, methods, read_segments
 from harness.netns import HostCluster, Network, hosts, unavailable
 
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
@@ -37,7 +38,9 @@ SCRIPT = os.path.join(REPO, "tests", "adoption", "fm_protected.py")
 DIGEST = os.path.join(REPO, "tests", "harness", "ps_digest.py")
 PORT = 2222
 TRAINERS = ("chief:0", "worker:0")
-SMALLEST_GRPC_CALL = 2 * 9 + 1 + 5  # bytes: see the zombie test
+HELD_CALLS = frozenset(f"/tensorflow.WorkerService/{m}" for m in (
+    "DeleteWorkerSession", "DeregisterGraph", "CleanupGraph", "CleanupAll", "RecvTensor"))
+"""Calls a cut-off PS may get once back that do not use it (see the zombie test)."""
 
 
 @pytest.fixture
@@ -161,23 +164,31 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         # retransmission timer fires (up to two minutes later). Written before it came back, so not a use.
         zombie_host = zombie_address.rsplit(":", 1)[0]
         queued = {c: n for h in ("a", "c") for c, n in net[h].tcp_written(zombie_host, PORT).items()}
-        net["b"].link_up()  # the zombie is reachable again, still alive, its old cluster in its TF_CONFIG
-        assert zombie.poll() is None, "the cut-off PS died; the test needs it alive"
-        old_ps = [job.address("ps:0"), zombie_address]
-        seen = _digest(net, job, model_dir, old_ps)
-        at_reconnect = job.last_step()
-        job.wait_for_step(at_reconnect + 300, timeout=240)  # training goes on with the zombie reachable
-        _finish(job, stop)
-        final = job.last_step()
+        with net["b"].capture(PORT, str(tmp_path / "zombie_segments.jsonl")) as captured:
+            net["b"].link_up()  # the zombie is reachable again, still alive, its old cluster in its TF_CONFIG
+            assert zombie.poll() is None, "the cut-off PS died; the test needs it alive"
+            old_ps = [job.address("ps:0"), zombie_address]
+            seen = _digest(net, job, model_dir, old_ps)
+            at_reconnect = job.last_step()
+            job.wait_for_step(at_reconnect + 300, timeout=240)  # training goes on with the zombie reachable
+            _finish(job, stop)
+            final = job.last_step()
+            later = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
 
-        # Nothing the job wrote once the zombie was back reached it: no new connection from a job host, on the
-        # old ones not a byte beyond what was written before (the sender's own count, taken while the link
-        # was down), not a change in any of its variables; its copy of the global step is from before the cut.
-        # Beyond that count, a connection may carry HTTP/2 frames the peer's own frames provoke (a PING ack, a
-        # WINDOW_UPDATE: 13-17 bytes; CI once saw 16), never a call: the smallest gRPC call is a HEADERS and a
-        # DATA frame (two 9-byte frame headers, at least 1 byte of header block, the 5-byte message prefix).
-        later = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
-        assert all(p in queued and n - queued[p] < SMALLEST_GRPC_CALL for p, n in later.items()), (queued, later)
+        # Nothing the job did once the zombie was back used it: no new connection from a job host (one being
+        # opened at the cut is listed, with nothing written), and on each, past what was written before (the
+        # sender's own count, taken while the link was down), no call that reads or writes it, read frame by
+        # frame from what reached its host (`harness.h2_capture`). Past that count come the frames the zombie's
+        # own delivered responses provoke (WINDOW_UPDATE, PING), and calls gRPC held while the link was down:
+        # the old session's teardown, and a PS's RecvTensor of a step of that old session, which only a
+        # RunGraph on the zombie could serve. A step, or a session, on the zombie needs a RunGraph,
+        # RegisterGraph or CreateWorkerSession: none. And not a change in any of its variables; its copy of the
+        # global step is from before the cut.
+        assert all(p in queued for p in later), (queued, later)
+        segments = read_segments(captured)
+        after = {p: frames_from(segments, p, *queued[p]) for p, n in later.items() if n > queued[p][1]}
+        used = {p: m for p, f in after.items() if (m := [m for m in methods(f) if m not in HELD_CALLS])}
+        assert not used, used
         assert _digest(net, job, model_dir, old_ps) == seen
         steps = {name: value for name, value in seen["scalars"].items() if "global_step" in name}
         assert steps, seen["scalars"]
@@ -187,7 +198,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         assert all(value <= bound for value in steps.values()), (steps, rebuilt)
         assert final >= rebuilt["global_step"] + 400
         print(f"cut off for {cut_for:.1f} s; zombie's global step copies {steps}, job's final step {final}; "
-              f"bytes the zombie got from the job, by connection: {later} (written before it was back: {queued})")
+              f"calls the zombie got from the job once back: {({p: methods(fs) for p, fs in after.items()})}")
 
         _verify(net, job, model_dir)  # exact against the replacement on host d
         assert "Restoring parameters from" not in job.log("chief:0")

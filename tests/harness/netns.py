@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -124,27 +125,41 @@ class Host:
         return out
 
 
-    def tcp_written(self, address: str, port: int) -> dict[str, int]:
+    def tcp_written(self, address: str, port: int) -> dict[str, tuple[int, int]]:
         """Bytes the processes on this host have written so far on each TCP connection to `address`:`port`.
 
-        By ``local_address:local_port`` (how the far end names the connection): the bytes the far end has
-        acknowledged plus the send queue (written, not yet acknowledged), so while the far end is unreachable
-        this is every byte the connection will ever deliver of what was written until then.
+        By ``local_address:local_port`` (how the far end names the connection): ``(acked, written)``, the
+        bytes the far end has acknowledged and those plus the send queue (written, not yet acknowledged), so
+        while the far end is unreachable `written` is every byte the connection will ever deliver of what was
+        written until then, and the sender's next data segment starts at stream offset `acked`.
         """
         done = subprocess.run(self.run(["ss", "-Htni", "state", "all", f"dst = {address}", f"dport = :{port}"]),
                               capture_output=True, text=True, timeout=30)
-        out: dict[str, int] = {}
-        local = None
+        out: dict[str, tuple[int, int]] = {}
+        local, queue = None, 0
         for line in done.stdout.splitlines():
             fields = line.split()
             if fields and not line[:1].isspace():
-                local = fields[3] if len(fields) >= 5 else None
+                local = _plain(fields[3]) if len(fields) >= 5 else None
+                queue = int(fields[2]) if local is not None else 0  # Send-Q
                 if local is not None:
-                    out[_plain(local)] = int(fields[2])  # Send-Q
+                    out[local] = (0, queue)
             acked = re.search(r"bytes_acked:(\d+)", line)
             if acked and local is not None:
-                out[_plain(local)] += int(acked.group(1))
+                out[local] = (int(acked.group(1)), int(acked.group(1)) + queue)
         return out
+
+    @contextlib.contextmanager
+    def capture(self, port: int, out: str) -> Iterator[str]:
+        """Records the TCP segments arriving on this host for `port` while the block runs (`harness.h2_capture`)."""
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h2_capture.py")
+        proc = subprocess.Popen(self.run([sys.executable, script, str(port), out]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "the capture did not start"
+            yield out
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def _plain(endpoint: str) -> str:
