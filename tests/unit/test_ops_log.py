@@ -565,6 +565,34 @@ def test_fence_and_commit_refuse_later_updates_of_the_step_unless_bypassed() -> 
         assert sess.run(counter) == 1
 
 
+def test_a_refusal_fails_its_step_without_a_warning_that_later_errors_would_carry() -> None:
+    # A refusal (Aborted) is the protocol's answer, not a fault: no "OP_REQUIRES failed" warning, which
+    # TensorFlow forwards into the messages of later errors (kilobytes the client parses at each error).
+    # An invalid argument still warns: it is the control that shows the forwarding is on.
+    server = tf.distribute.Server.create_local_server()
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.Variable(np.zeros((ROWS, DIM), F32))
+        sid, sids = V1.placeholder(tf.int64, []), V1.placeholder(tf.int64, None)
+        log = ec_ops.delta_log(_log_name())
+        apply = ec_ops.sparse_apply_sgd_with_delta(table, tf.ones([2, DIM]), tf.constant([1, 3], tf.int64), 0.5,
+                                                   log=log, sid=sid, target=0)
+        bad = ec_ops.sparse_apply_sgd_with_delta(table, tf.ones([2, DIM]), tf.constant([1, ROWS], tf.int64), 0.5,
+                                                 log=log, sid=sid, target=0)
+        fence = ec_ops.delta_log_fence(log, sids)
+        init = V1.global_variables_initializer()
+    with _session(graph, server.target) as sess:
+        sess.run([init, fence], {sids: [1]})
+        messages = []
+        for fetch, step in ((bad, 2), (apply, 1), (apply, 1), (apply, 1)):
+            with pytest.raises(tf.errors.OpError) as caught:
+                sess.run(fetch, {sid: step})
+            messages.append(caught.value.message)
+    assert "step 1 is fenced" in messages[-1]
+    forwarded = [line for m in messages[1:] for line in m.splitlines() if "OP_REQUIRES failed" in line]
+    assert forwarded and all("INVALID_ARGUMENT" in line for line in forwarded), forwarded
+
+
 def test_fence_waits_for_writes_in_flight_and_every_applied_update_is_logged() -> None:
     """Threads keep running logged steps of a few step ids while the main
     thread fences half of them. After the fence returns, the fenced ids'

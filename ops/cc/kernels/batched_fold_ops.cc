@@ -77,12 +77,12 @@ Status AdmitRound(OpKernelContext* ctx, int input, const DeltaLog& log) {
 class DeltaLogTakeOp : public OpKernel {
  public:
   explicit DeltaLogTakeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("width", &width_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("width", &width_));
   }
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
     const std::vector<DeltaLog::Entry> entries = log->Take(target_);
     // An apply entry holds coef-1 words per row as written (rows unique after the optimizer's
     // dedup; a repeated row would only fold twice, which XOR makes the same): copied as they are,
@@ -100,9 +100,9 @@ class DeltaLogTakeOp : public OpKernel {
     Tensor* rows = nullptr;
     Tensor* delta = nullptr;
     Tensor* entry = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &rows));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, width_}), &delta));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &entry));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &rows));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, width_}), &delta));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &entry));
     int64_t at = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       const DeltaLog::Entry& e = entries[i];
@@ -114,8 +114,8 @@ class DeltaLogTakeOp : public OpKernel {
       std::fill_n(entry->flat<int32>().data() + at, k, static_cast<int32>(i));
       at += k;
     }
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, sids));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, seqs));
+    EC_REQUIRES_OK(ctx, OutputVector(ctx, 3, sids));
+    EC_REQUIRES_OK(ctx, OutputVector(ctx, 4, seqs));
   }
 
  private:
@@ -132,9 +132,9 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogTake").Device(DEVICE_CPU), DeltaLogT
 class ParityFoldBatchOp : public OpKernel {
  public:
   explicit ParityFoldBatchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("field_bits", &field_bits_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("source", &source_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("field_bits", &field_bits_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("source", &source_));
     OP_REQUIRES(ctx, field_bits_ == 8 || field_bits_ == 16,
                 errors::InvalidArgument("`field_bits` must be 8 or 16, got ", field_bits_));
   }
@@ -145,19 +145,19 @@ class ParityFoldBatchOp : public OpKernel {
     const Tensor& entry = ctx->input(3);
     const std::vector<int64_t> sids = VectorOf(ctx->input(4));
     const std::vector<int64_t> seqs = VectorOf(ctx->input(5));
-    OP_REQUIRES_OK(ctx, RowsAndDelta(rows, delta));
+    EC_REQUIRES_OK(ctx, RowsAndDelta(rows, delta));
     OP_REQUIRES(ctx, entry.NumElements() == rows.NumElements() && sids.size() == seqs.size(),
                 errors::InvalidArgument("`entry` needs one index per row and `sids` one seq each"));
     int32 coef = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 6, "coef", &coef));
+    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 6, "coef", &coef));
     OP_REQUIRES(ctx, coef >= 1 && coef < (1 << field_bits_),
                 errors::InvalidArgument("`coef` must be a non-zero element of GF(2^", field_bits_, "), got ", coef));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 7, &log));
-    OP_REQUIRES_OK(ctx, AdmitRound(ctx, 8, *log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 7, &log));
+    EC_REQUIRES_OK(ctx, AdmitRound(ctx, 8, *log));
     const int64_t m = static_cast<int64_t>(sids.size());
     std::vector<int64_t> ids;
-    OP_REQUIRES_OK(ctx, RowIds(rows, "rows", &ids));
+    EC_REQUIRES_OK(ctx, RowIds(rows, "rows", &ids));
     std::vector<std::vector<int64_t>> positions(m);
     const auto which = entry.flat<int32>();
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -166,20 +166,20 @@ class ParityFoldBatchOp : public OpKernel {
       positions[which(i)].push_back(static_cast<int64_t>(i));
     }
     Tensor* present = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &present));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &present));
 
     LockedVariables vars;
-    OP_REQUIRES_OK(ctx, vars.Acquire<int32>(ctx, {0}, {"parity"}));
+    EC_REQUIRES_OK(ctx, vars.Acquire<int32>(ctx, {0}, {"parity"}));
     Tensor* parity = vars.tensor(0);
     OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(parity->shape()) && parity->dim_size(1) == delta.dim_size(1),
                 errors::InvalidArgument("`parity` ", parity->shape().DebugString(), " and `delta` ",
                                         delta.shape().DebugString(), " must be matrices of equal width"));
-    OP_REQUIRES_OK(ctx, RowsInRange(ids, parity->dim_size(0)));
+    EC_REQUIRES_OK(ctx, RowsInRange(ids, parity->dim_size(0)));
     const int64_t width = parity->dim_size(1);
     Tensor shared;  // what the log entries hold: slices of the input where they can
-    OP_REQUIRES_OK(ctx, ShareOrCopy(ctx, delta, &shared));
+    EC_REQUIRES_OK(ctx, ShareOrCopy(ctx, delta, &shared));
     std::string key;
-    if (log->view().active()) OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
+    if (log->view().active()) EC_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
     // What the target holds of each entry already (a round that overlapped
     // this one, or an earlier route of the same parity variable: routes fold
     // disjoint rows, so the check is per row, as the settlement's dedupe).
@@ -212,7 +212,7 @@ class ParityFoldBatchOp : public OpKernel {
       if (slice) {
         logged.delta = shared.Slice(at.front(), at.front() + k);
       } else {
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT32, TensorShape({k, width}), &logged.delta));
+        EC_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT32, TensorShape({k, width}), &logged.delta));
         int32_t* copy = logged.delta.matrix<int32>().data();
         for (int64_t j = 0; j < k; ++j) {
           std::memcpy(copy + j * width, src + at[j] * width, width * sizeof(int32_t));
@@ -282,12 +282,12 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogCommitEach").Device(DEVICE_CPU), Del
 class DeltaLogCountedOp : public OpKernel {
  public:
   explicit DeltaLogCountedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("target", &target_));
   }
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, log->Counted(target_)));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, OutputVector(ctx, 0, log->Counted(target_)));
   }
 
  private:

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/cc/kernels/delta_log.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -63,8 +64,8 @@ class DeltaLogOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, Run(ctx, log.get()));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, Run(ctx, log.get()));
   }
 };
 

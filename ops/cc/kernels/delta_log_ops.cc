@@ -64,13 +64,13 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogHandle").Device(DEVICE_CPU),
 class DeltaLogCommitOp : public OpKernel {
  public:
   explicit DeltaLogCommitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    EC_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
   }
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
     std::vector<int64_t> sids;
-    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sid", &log, &sids));
-    OP_REQUIRES_OK(ctx, log->Commit(sids, bypass_fence_));
+    EC_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sid", &log, &sids));
+    EC_REQUIRES_OK(ctx, log->Commit(sids, bypass_fence_));
   }
 
  private:
@@ -85,8 +85,8 @@ class DeltaLogCommitInOrderOp : public AsyncOpKernel {
  public:
   explicit DeltaLogCommitInOrderOp(OpKernelConstruction* ctx)
       : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &timeout_ms_));
+    EC_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &timeout_ms_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     core::RefCountPtr<DeltaLog> log;
@@ -123,7 +123,7 @@ class DeltaLogSidsOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
     std::vector<int64_t> sids;
-    OP_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
+    EC_REQUIRES_OK(ctx, ReadLogAndSids(ctx, "sids", &log, &sids));
     (log.get()->*Run)(sids);
   }
 };
@@ -133,13 +133,13 @@ class DeltaLogSetGenerationOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t generation = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "generation", &generation));
+    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "generation", &generation));
     OP_REQUIRES(ctx, generation >= 0 && generation < (int64_t{1} << 14),
                 errors::InvalidArgument("`generation` must be in [0, 16384), "
                                         "got ",
                                         generation));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
     log->SetGeneration(generation);
   }
 };
@@ -157,8 +157,8 @@ class DeltaLogSeqOfOp : public OpKernel {
                     TensorShapeUtils::IsScalar(target.shape()),
                 errors::InvalidArgument("`sid` and `target` must be scalars"));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0,
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, ScalarOutput(ctx, 0,
                                      log->SeqOf(sid.scalar<int64_t>()(),
                                                 target.scalar<int32>()())));
   }
@@ -186,18 +186,18 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>DeltaLogDrop").Device(DEVICE_CPU),
 class DeltaLogUndoOp : public VarsOpKernel {
  public:
   explicit DeltaLogUndoOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("ordered", &ordered_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("ordered", &ordered_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     int64_t seq = 0;
     int32 target = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1 + n_, "seq", &seq));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2 + n_, "target", &target));
+    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 1 + n_, "seq", &seq));
+    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 2 + n_, "target", &target));
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 1, n_));
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 1, n_));
     auto undo = [&](const DeltaLog::Words& net) {
       // Rows a rebuild decodes from keep their T0 words.
       if (log->view().active()) {
@@ -209,9 +209,9 @@ class DeltaLogUndoOp : public VarsOpKernel {
       return XorRowsInto(locked, net.rows, net.words.data(), net.width);
     };
     bool found = false;
-    OP_REQUIRES_OK(ctx, log->Undo(seq, target, ordered_, undo, &found));
+    EC_REQUIRES_OK(ctx, log->Undo(seq, target, ordered_, undo, &found));
     if (found) log->WakeAfterUndo();
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, found));
+    EC_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, found));
   }
 
  private:
@@ -226,13 +226,13 @@ class XorRowsOp : public VarsOpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& delta = ctx->input(n_ + 1);
-    OP_REQUIRES_OK(ctx, RowsAndDelta(ctx->input(n_), delta));
+    EC_REQUIRES_OK(ctx, RowsAndDelta(ctx->input(n_), delta));
     // Read once, so a concurrent writer cannot slip a row past the check.
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_), "rows", &rows));
+    EC_REQUIRES_OK(ctx, RowIds(ctx->input(n_), "rows", &rows));
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
-    OP_REQUIRES_OK(ctx, XorRowsInto(locked, rows, delta.matrix<int32>().data(),
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    EC_REQUIRES_OK(ctx, XorRowsInto(locked, rows, delta.matrix<int32>().data(),
                                     delta.dim_size(1)));
   }
 };
@@ -244,17 +244,17 @@ template <typename T>
 class AssignAddLoggedOp : public OpKernel {
  public:
   explicit AssignAddLoggedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
+    EC_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& value = ctx->input(1);
     core::RefCountPtr<DeltaLog> log;
     DeltaLog::Tag tag;
-    OP_REQUIRES_OK(ctx, ReadLogInputs(ctx, 2, /*with_source=*/true, &log, &tag));
+    EC_REQUIRES_OK(ctx, ReadLogInputs(ctx, 2, /*with_source=*/true, &log, &tag));
     LockedVariables vars;
-    OP_REQUIRES_OK(ctx, vars.Acquire<T>(ctx, {0}, {"var"}));
+    EC_REQUIRES_OK(ctx, vars.Acquire<T>(ctx, {0}, {"var"}));
     Tensor* var = vars.tensor(0);
     OP_REQUIRES(ctx, value.shape() == var->shape(),
                 errors::InvalidArgument(
@@ -267,13 +267,13 @@ class AssignAddLoggedOp : public OpKernel {
     DeltaLog::Entry entry = TaggedEntry(tag, DeltaLog::kCounter);
     entry.rows.resize(table.rows);
     for (int64_t r = 0; r < table.rows; ++r) entry.rows[r] = r;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+    EC_REQUIRES_OK(ctx, ctx->allocate_temp(
                             DT_INT32, TensorShape({table.rows, table.words}),
                             &entry.delta));
     const int64_t words = table.rows * table.words;
     int32_t* old_words = entry.delta.flat<int32>().data();
     LogWrite write;  // the last check: from here on the op writes
-    OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
+    EC_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
     if (words > 0) {
       std::memcpy(old_words, table.base, words * sizeof(int32_t));
     }

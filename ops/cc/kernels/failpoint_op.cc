@@ -37,11 +37,11 @@ task (TF_ECREC_TASK) and a step <= `step`; otherwise outputs 0.
 class FailpointOp : public OpKernel {
  public:
   explicit FailpointOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("point", &point_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("point", &point_));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, ScalarOutput<int32>(ctx, 0, 0));
+    EC_REQUIRES_OK(ctx, ScalarOutput<int32>(ctx, 0, 0));
     const char* spec = std::getenv("TF_ECREC_FAILPOINT");
     const char* task = std::getenv("TF_ECREC_TASK");
     if (spec == nullptr || task == nullptr) return;

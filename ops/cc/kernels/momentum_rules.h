@@ -24,6 +24,7 @@
 
 #include <vector>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/optimizer_rules.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -49,7 +50,7 @@ struct MomentumRule {
   };
 
   explicit MomentumRule(OpKernelConstruction* ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_nesterov", &use_nesterov_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("use_nesterov", &use_nesterov_));
   }
 
   Status Read(OpKernelContext* ctx, Hyper* h) const {

@@ -187,7 +187,7 @@ struct FtrlRule {
   };
 
   explicit FtrlRule(OpKernelConstruction* ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("multiply_linear_by_lr",
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("multiply_linear_by_lr",
                                      &multiply_linear_by_lr_));
   }
 

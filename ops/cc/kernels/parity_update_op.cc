@@ -38,22 +38,22 @@ template <typename Tindex, bool kLogged>
 class ParityUpdateOp : public OpKernel {
  public:
   explicit ParityUpdateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("field_bits", &field_bits_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("field_bits", &field_bits_));
     OP_REQUIRES(ctx, field_bits_ == 8 || field_bits_ == 16,
                 errors::InvalidArgument("`field_bits` must be 8 or 16, got ",
                                         field_bits_));
     if (kLogged) {
-      OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
+      EC_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+      EC_REQUIRES_OK(ctx, ctx->GetAttr("dedupe", &dedupe_));
     }
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(1);
     const Tensor& delta = ctx->input(2);
-    OP_REQUIRES_OK(ctx, RowsAndDelta(rows, delta));
+    EC_REQUIRES_OK(ctx, RowsAndDelta(rows, delta));
     int32 coef = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 3, "coef", &coef));
+    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 3, "coef", &coef));
     const int32 max_coef = (1 << field_bits_) - 1;
     OP_REQUIRES(ctx, coef >= 1 && coef <= max_coef,
                 errors::InvalidArgument("`coef` must be a non-zero element of "
@@ -63,14 +63,14 @@ class ParityUpdateOp : public OpKernel {
     DeltaLog::Tag tag;
     Tensor logged_delta;
     if (kLogged) {
-      OP_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 5,
+      EC_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 5,
                                         /*with_source=*/true, &log, &tag,
                                         /*with_source_seq=*/true));
-      OP_REQUIRES_OK(ctx, ShareOrCopy(ctx, delta, &logged_delta));
+      EC_REQUIRES_OK(ctx, ShareOrCopy(ctx, delta, &logged_delta));
     }
 
     LockedVariables vars;
-    OP_REQUIRES_OK(ctx, vars.Acquire<int32>(ctx, {0}, {"parity"}));
+    EC_REQUIRES_OK(ctx, vars.Acquire<int32>(ctx, {0}, {"parity"}));
     Tensor* parity = vars.tensor(0);
     OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(parity->shape()),
                 errors::InvalidArgument("`parity` must be a matrix [rows, "
@@ -83,16 +83,16 @@ class ParityUpdateOp : public OpKernel {
                                         "; they must be equal"));
 
     if (kLogged && dedupe_) {
-      OP_REQUIRES_OK(ctx, FoldMissing(ctx, log.get(), tag, coef, rows, delta,
+      EC_REQUIRES_OK(ctx, FoldMissing(ctx, log.get(), tag, coef, rows, delta,
                                       parity, width));
       return;
     }
     RowShards shards;
-    OP_REQUIRES_OK(ctx, shards.Build<Tindex>(rows, parity->dim_size(0), "rows"));
+    EC_REQUIRES_OK(ctx, shards.Build<Tindex>(rows, parity->dim_size(0), "rows"));
     LogWrite write;  // the last check: from here on the op writes
-    if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
+    if (kLogged) EC_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
     if (kLogged) {
-      OP_REQUIRES_OK(ctx, PreserveRows(ctx, log.get(), parity,
+      EC_REQUIRES_OK(ctx, PreserveRows(ctx, log.get(), parity,
                                        shards.rows_data(), shards.size()));
     }
     if (shards.size() == 0 || width == 0) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -40,7 +41,7 @@ retry_micros) while `names` lists uninitialized variables.
 class RequireEmptyOp : public OpKernel {
  public:
   explicit RequireEmptyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("retry_micros", &retry_micros_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("retry_micros", &retry_micros_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -90,8 +91,8 @@ stops waiting.
 class AwaitInitializedOp : public AsyncOpKernel {
  public:
   explicit AwaitInitializedOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_wait_micros", &max_wait_micros_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("poll_micros", &poll_micros_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("max_wait_micros", &max_wait_micros_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("poll_micros", &poll_micros_));
     OP_REQUIRES(ctx, max_wait_micros_ >= 0 && poll_micros_ > 0,
                 errors::InvalidArgument("max_wait_micros must be >= 0 and poll_micros > 0, got ",
                                         max_wait_micros_, " and ", poll_micros_));

@@ -9,6 +9,7 @@
 
 #include "ops/cc/kernels/galois.h"
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/word_tables.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -38,13 +39,13 @@ class ReadRowWordsOp : public VarsOpKernel {
                 errors::InvalidArgument("`count` must be >= 0, got ", count));
     Tensor* out = nullptr;
     if (count == 0) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
+      EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
       return;
     }
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
-    OP_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    EC_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({count, locked.width}), &out));
     GatherRowWords(locked.tables, count, locked.width,
                    [start](int64_t i) { return start + i; },
@@ -57,8 +58,8 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>ReadRowWords").Device(DEVICE_CPU),
 class CombineRowsOp : public OpKernel {
  public:
   explicit CombineRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("bits", &bits_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("bits", &bits_));
     OP_REQUIRES(ctx, bits_ == 8 || bits_ == 16,
                 errors::InvalidArgument("`bits` must be 8 or 16, got ", bits_));
   }
@@ -98,7 +99,7 @@ class CombineRowsOp : public OpKernel {
                 errors::InvalidArgument("every coefficient is 0: nothing to "
                                         "combine"));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape_of->shape(), &out));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, shape_of->shape(), &out));
     int32_t* dst = out->flat<int32>().data();
     const int64_t n = out->NumElements();
     std::memset(dst, 0, n * sizeof(int32_t));
@@ -134,9 +135,9 @@ class WriteRowWordsOp : public VarsOpKernel {
     const int64_t count = words.dim_size(0);
     if (count == 0) return;
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
-    OP_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
-    OP_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    EC_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
+    EC_REQUIRES_OK(ctx, CheckRange(start, count, locked.rows()));
     const int32_t* from = words.matrix<int32>().data();
     for (int64_t i = 0; i < count; ++i) {
       PutRowWords(locked.tables, start + i, from + i * locked.width,

@@ -36,8 +36,8 @@ class GroupViewOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
     std::string key;
-    OP_REQUIRES_OK(ctx, LookupLogAndKey(ctx, &log, &key));
-    OP_REQUIRES_OK(ctx, Run(ctx, log.get(), key));
+    EC_REQUIRES_OK(ctx, LookupLogAndKey(ctx, &log, &key));
+    EC_REQUIRES_OK(ctx, Run(ctx, log.get(), key));
   }
 };
 
@@ -122,17 +122,17 @@ REGISTER_KERNEL_BUILDER(Name("EcRec>WaitWanted").Device(DEVICE_CPU),
 class InstallRowWordsOp : public VarsOpKernel {
  public:
   explicit InstallRowWordsOp(OpKernelConstruction* ctx) : VarsOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("add", &add_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("add", &add_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
+    EC_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
     const Tensor& words = ctx->input(n_ + 2);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = 0;
     if (rows.empty()) return;
     OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(words.shape()) &&
@@ -141,11 +141,11 @@ class InstallRowWordsOp : public VarsOpKernel {
                                         ", width], got shape ",
                                         words.shape().DebugString()));
     std::string key;
-    OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
+    EC_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
-    OP_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
-    OP_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    EC_REQUIRES_OK(ctx, locked.CheckWidth("words", words.dim_size(1)));
+    EC_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
     std::vector<bool> pending;
     log->view().Claim(key, rows, &pending);
     const int32_t* src = words.matrix<int32>().data();
@@ -202,27 +202,27 @@ class ReadPreservedRowWordsOp : public VarsOpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
+    EC_REQUIRES_OK(ctx, RowIds(ctx->input(n_ + 1), "rows", &rows));
     Tensor* out = nullptr;
     if (rows.empty()) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
+      EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, 0}), &out));
       return;
     }
     core::RefCountPtr<DeltaLog> log;
-    OP_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
+    EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, n_, &log));
     std::string key;
-    OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
+    EC_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
     LockedWordTables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
-    OP_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
+    EC_REQUIRES_OK(ctx, locked.Lock(ctx, 0, n_));
+    EC_REQUIRES_OK(ctx, RowsInRange(rows, locked.rows()));
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t width = locked.width;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
     int32_t* dst = out->matrix<int32>().data();
     GatherRowWords(locked.tables, n, width,
                    [&rows](int64_t i) { return rows[i]; },
                    reinterpret_cast<char*>(dst));
-    OP_REQUIRES_OK(ctx, log->view().Substitute(key, rows.data(), n, width, dst));
+    EC_REQUIRES_OK(ctx, log->view().Substitute(key, rows.data(), n, width, dst));
   }
 };
 REGISTER_KERNEL_BUILDER(Name("EcRec>ReadPreservedRowWords").Device(DEVICE_CPU),

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/cc/kernels/op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -18,8 +19,8 @@ template <typename Tindex>
 class RouteDeltasOp : public OpKernel {
  public:
   explicit RouteDeltasOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_routes", &num_routes_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("num_routes", &num_routes_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -63,8 +64,8 @@ class RouteDeltasOp : public OpKernel {
       const int64_t m = static_cast<int64_t>(picked.size());
       Tensor* rows_out = nullptr;
       Tensor* delta_out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(j, TensorShape({m}), &rows_out));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_routes_ + j,
+      EC_REQUIRES_OK(ctx, ctx->allocate_output(j, TensorShape({m}), &rows_out));
+      EC_REQUIRES_OK(ctx, ctx->allocate_output(num_routes_ + j,
                                                TensorShape({m, width}), &delta_out));
       auto rows = rows_out->flat<int64_t>();
       int32* out = delta_out->flat<int32>().data();

@@ -17,6 +17,7 @@
 #include "ops/cc/kernels/delta_log_inputs.h"
 #include "ops/cc/kernels/locked_variables.h"
 #include "ops/cc/kernels/momentum_rules.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/optimizer_rules.h"
 #include "ops/cc/kernels/recovery_view.h"
 #include "ops/cc/kernels/row_shards.h"
@@ -47,7 +48,7 @@ class SparseApplyWithDeltaOp : public OpKernel {
  public:
   explicit SparseApplyWithDeltaOp(OpKernelConstruction* ctx)
       : OpKernel(ctx), rule_(ctx) {
-    if (kLogged) OP_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
+    if (kLogged) EC_REQUIRES_OK(ctx, ReadBypassFence(ctx, &bypass_fence_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -55,7 +56,7 @@ class SparseApplyWithDeltaOp : public OpKernel {
     const std::vector<const char*> names = Rule::VariableNames();
 
     typename Rule::Hyper hyper;
-    OP_REQUIRES_OK(ctx, rule_.Read(ctx, &hyper));
+    EC_REQUIRES_OK(ctx, rule_.Read(ctx, &hyper));
     const Tensor& grad = ctx->input(Rule::kGradInput);
     const Tensor& indices = ctx->input(Rule::kIndicesInput);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(indices.shape()),
@@ -69,14 +70,14 @@ class SparseApplyWithDeltaOp : public OpKernel {
     core::RefCountPtr<DeltaLog> log;
     DeltaLog::Tag tag;
     if (kLogged) {
-      OP_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 3,
+      EC_REQUIRES_OK(ctx, ReadLogInputs(ctx, ctx->num_inputs() - 3,
                                         /*with_source=*/false, &log, &tag));
     }
 
     std::vector<int> inputs(kTables);
     for (int t = 0; t < kTables; ++t) inputs[t] = t;
     LockedVariables vars;
-    OP_REQUIRES_OK(ctx, vars.Acquire<float>(ctx, inputs, names));
+    EC_REQUIRES_OK(ctx, vars.Acquire<float>(ctx, inputs, names));
 
     const TensorShape& shape = vars.tensor(0)->shape();
     OP_REQUIRES(ctx, shape.dims() >= 1,
@@ -105,21 +106,21 @@ class SparseApplyWithDeltaOp : public OpKernel {
                                         shape.DebugString()));
 
     RowShards ids;
-    OP_REQUIRES_OK(ctx, ids.Build<Tindex>(indices, shape.dim_size(0),
+    EC_REQUIRES_OK(ctx, ids.Build<Tindex>(indices, shape.dim_size(0),
                                           "indices"));
 
     const int64_t width = kTables * dim;
     Tensor* delta = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({ids.size(), width}), &delta));
     LogWrite write;  // the last check: from here on the op writes
-    if (kLogged) OP_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
+    if (kLogged) EC_REQUIRES_OK(ctx, write.Begin(log.get(), tag.sid, bypass_fence_));
     if (kLogged && log->view().active() && ids.size() > 0) {
       // A PS being rebuilt refuses updates of rows not there yet; a survivor
       // keeps the words the rebuild decodes from (recovery_view.h).
       std::string key;
-      OP_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
-      OP_REQUIRES_OK(ctx, log->view().CheckWritable(key, ids.rows_data(), ids.size()));
+      EC_REQUIRES_OK(ctx, VariableKey(ctx, 0, &key));
+      EC_REQUIRES_OK(ctx, log->view().CheckWritable(key, ids.rows_data(), ids.size()));
       std::vector<WordTable> words;
       for (int t = 0; t < kTables; ++t) words.push_back(WordsOf(vars.tensor(t)));
       log->view().Preserve(key, words, ids.rows_data(), ids.size());

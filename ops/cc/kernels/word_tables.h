@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/locked_variables.h"
+#include "ops/cc/kernels/op_inputs.h"
 #include "ops/cc/kernels/word_table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -49,7 +50,7 @@ inline Status LockWordTables(OpKernelContext* ctx, int first, int n,
 class VarsOpKernel : public OpKernel {
  public:
   explicit VarsOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    EC_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
   }
 
  protected:
