@@ -25,7 +25,11 @@ import numpy as np
 from tf_ecrec.data.schema import NUM_CAT, NUM_DENSE, Batch
 from tf_ecrec.errors import ConfigError
 
-BLOCK = 4096
+BLOCK = 256
+"""Records generated together (one seeded draw per block).  As small as a batch: trainers read
+leased ranges that interleave with each other's, so a larger block is generated whole by every
+trainer that reads any of it (at 4,096 records, twice the records each trainer read, and a 4,096-row
+copy per batch: 4.7 ms of CPU per 1,000 records read against 2.9 at 256)."""
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
@@ -77,7 +81,7 @@ class SyntheticCriteo:
     # ---- internals -------------------------------------------------------------------------
 
     def _cached_block(self, block: int) -> Batch:
-        # Batches are much smaller than blocks and read in order: keep the last block.
+        # A trainer reads its ranges in order: keep the last block (a batch may span two).
         cached = self.__dict__.get("_last")
         if cached is None or cached[0] != block:
             cached = (block, self._block(block))
