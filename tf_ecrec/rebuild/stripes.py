@@ -65,6 +65,11 @@ class CollectionRebuild:
                 tf.zeros([stripes, n, n], tf.int32), [stripes, n, n], name="coefs"
             )
             count = tf.maximum(tf.minimum(tf.constant(self.slice_rows, tf.int64), self.rows - self.lo), 0)
+            # The mask's flags (0 or 1) and the coefficient rows, taken apart once: a slice per use is four
+            # graph ops, and graph building is most of a chief's start and of its rebuild after a move.
+            self._flags = tf.unstack(tf.reshape(tf.cast(self.read, tf.int64), [stripes * n]), name="read_flags")
+            self._coef_rows = tf.unstack(tf.reshape(self.coefs, [stripes * n, n]), name="coef_rows")
+            self._consts: dict[tuple[str, str], tf.Tensor] = {}
             parity_vars = opt.parity[coll.name]
             self.chunks: dict[tuple[int, int], _Chunk] = {}
             # Background rebuild (BackgroundRebuild): per chunk, an install of a slice and one of the wanted rows.
@@ -86,7 +91,7 @@ class CollectionRebuild:
                     with tf.compat.v1.device(variables[0].device):
                         slices.append(
                             ec_ops.read_row_words(
-                                list(variables), start, tf.where(self.read[s, ch.index_in_stripe], count, tf.constant(0, tf.int64)),
+                                list(variables), start, count * self._flag(s, ch.index_in_stripe),
                                 name=f"read_s{s}_c{ch.index_in_stripe}",
                             )
                         )
@@ -94,7 +99,7 @@ class CollectionRebuild:
                     i = ch.index_in_stripe
                     variables, start = starts[i]
                     with tf.compat.v1.device(variables[0].device):
-                        words = ec_ops.combine_rows(self.coefs[s, i], slices, name=f"combine_s{s}_c{i}")
+                        words = ec_ops.combine_rows(self._coef_rows[s * n + i], slices, name=f"combine_s{s}_c{i}")
                         write = ec_ops.write_row_words(list(variables), start, words, name=f"write_s{s}_c{i}")
                     self.chunks[(s, i)] = _Chunk(ch, variables, write)
                 if logs is not None:
@@ -126,25 +131,41 @@ class CollectionRebuild:
                         deps = [self._wait[ch.ps]] if ch.ps in self._wait else []
                         with tf.control_dependencies(deps):
                             off = ec_ops.wanted_rows(log_i, variables[0], first, first + self.rows) - first
+                    size = tf.size(off, out_type=tf.int64)
                 parts = []
                 for other in stripe.chunks:
                     j = other.index_in_stripe
                     vars_j, _ = starts[j]
                     first_j = self.layout.local_rows(other)[0]
-                    with tf.compat.v1.device(vars_j[0].device):
+                    device = vars_j[0].device
+                    with tf.compat.v1.device(device):
                         if j == i:  # the target itself: coefficient 0
-                            parts.append(tf.zeros([0, 0], tf.int32))
+                            parts.append(self._const(device, "none", np.zeros([0, 0], np.int32)))
                             continue
-                        take = tf.where(self.read[s, j], tf.size(off), 0)
-                        parts.append(self._t0_words(list(vars_j), logs[other.ps], off[:take] + first_j,
+                        # The offsets if chunk j is read, none if not.
+                        take = tf.reshape(size * self._flag(s, j), self._const(device, "one", np.array([1], np.int32)))
+                        rows = tf.slice(off, self._const(device, "zero", np.array([0], np.int64)), take) + first_j
+                        parts.append(self._t0_words(list(vars_j), logs[other.ps], rows,
                                                     name=f"bg_read_{kind}_s{s}_c{i}_from{j}"))
                 with tf.compat.v1.device(variables[0].device):
-                    words = ec_ops.combine_rows(self.coefs[s, i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
+                    words = ec_ops.combine_rows(self._coef_rows[s * self.code.n + i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
                     outs.append(
                         ec_ops.install_row_words(list(variables), log_i, off + first, words, add=not ch.is_data,
                                                  name=f"bg_install_{kind}_s{s}_c{i}")
                     )
             self.installs[(s, i)] = (outs[0], outs[1])
+
+    def _flag(self, stripe: int, index: int) -> tf.Tensor:
+        """1 if the rebuild reads chunk `index` of `stripe`, else 0 (int64)."""
+        return self._flags[stripe * self.code.n + index]
+
+    def _const(self, device: str, name: str, value: np.ndarray) -> tf.Tensor:
+        """One constant per device (`value` under `name`), shared by the ops there."""
+        key = (device, name)
+        if key not in self._consts:
+            with tf.compat.v1.device(device):
+                self._consts[key] = tf.constant(value, name=name)
+        return self._consts[key]
 
     @staticmethod
     def _t0_words(variables: list[tf.Variable], log: tf.Tensor, rows: tf.Tensor, name: str) -> tf.Tensor:
