@@ -99,7 +99,7 @@ class CollectionRebuild:
                     i = ch.index_in_stripe
                     variables, start = starts[i]
                     with tf.compat.v1.device(variables[0].device):
-                        words = ec_ops.combine_rows(self._coef_rows[s * n + i], slices, name=f"combine_s{s}_c{i}")
+                        words = ec_ops.combine_rows(self._coef_row(s, i), slices, name=f"combine_s{s}_c{i}")
                         write = ec_ops.write_row_words(list(variables), start, words, name=f"write_s{s}_c{i}")
                     self.chunks[(s, i)] = _Chunk(ch, variables, write)
                 if logs is not None:
@@ -148,7 +148,7 @@ class CollectionRebuild:
                         parts.append(self._t0_words(list(vars_j), logs[other.ps], rows,
                                                     name=f"bg_read_{kind}_s{s}_c{i}_from{j}"))
                 with tf.compat.v1.device(variables[0].device):
-                    words = ec_ops.combine_rows(self._coef_rows[s * self.code.n + i], parts, name=f"bg_combine_{kind}_s{s}_c{i}")
+                    words = ec_ops.combine_rows(self._coef_row(s, i), parts, name=f"bg_combine_{kind}_s{s}_c{i}")
                     outs.append(
                         ec_ops.install_row_words(list(variables), log_i, off + first, words, add=not ch.is_data,
                                                  name=f"bg_install_{kind}_s{s}_c{i}")
@@ -158,6 +158,10 @@ class CollectionRebuild:
     def _flag(self, stripe: int, index: int) -> tf.Tensor:
         """1 if the rebuild reads chunk `index` of `stripe`, else 0 (int64)."""
         return self._flags[stripe * self.code.n + index]
+
+    def _coef_row(self, stripe: int, index: int) -> tf.Tensor:
+        """The decoding coefficients of chunk `index` of `stripe` (int32, one per chunk of the stripe)."""
+        return self._coef_rows[stripe * self.code.n + index]
 
     def _const(self, device: str, name: str, value: np.ndarray) -> tf.Tensor:
         """One constant per device (`value` under `name`), shared by the ops there."""
