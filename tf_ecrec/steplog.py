@@ -73,7 +73,8 @@ class Reconciler(StaleSteps):
         self, targets: dict[int, Target], logs: dict[int, tf.Tensor], expected_folds: ExpectedFolds,
         commit_timeout_ms: int = ROUND1_TIMEOUT_MS,
     ) -> None:
-        self.targets = targets
+        self.targets = dict(targets)  # a copy: the caller's may grow (a step program traced later)
+        self.target_ids = frozenset(self.targets)  # the targets this reconciler has ops for
         self._expected = expected_folds
         self._lock = threading.Lock()
         with tf.name_scope("ec_reconcile"):
@@ -96,7 +97,7 @@ class Reconciler(StaleSteps):
                     self._round2[p] = ec_ops.delta_log_commit(log, self._sids, bypass_fence=True)
                     self._setgen[p] = ec_ops.delta_log_set_generation(log, self._generation)
             self._undo, self._fold, self._add = {}, {}, {}
-            for tid, t in sorted(targets.items()):
+            for tid, t in sorted(self.targets.items()):
                 log = logs[t.ps]
                 with tf.device(log.device):
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq, tid, ordered=t.ordered)

@@ -45,9 +45,13 @@ class ServerForks:
         """Starts the task; returns its process and the stream its ``up`` line comes on."""
         read, write = os.pipe()
         args = [json.dumps(spec), job, str(index), *(["plain"] if self.plain else [])]
-        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
+        # TF_ECREC_TEST_TASK_LOGS=DIR keeps each task's stderr (appended, one file per task) for a hang's post-mortem.
+        logs = os.environ.get("TF_ECREC_TEST_TASK_LOGS")
+        err_path = os.path.join(logs, f"{job}-{index}.log") if logs else os.devnull
+        with open(os.devnull, "rb") as null_in, open(err_path, "ab") as err_out:
             try:
-                proc = start_process(self._forks, "harness.pss_server", args, self._env, null_in, write, null_out,
+                env = {**self._env, "TF_ECREC_TASK": f"{job}:{index}"}  # whom an armed failpoint names
+                proc = start_process(self._forks, "harness.pss_server", args, env, null_in, write, err_out,
                                      name=f"{job}:{index}")
             finally:
                 os.close(write)

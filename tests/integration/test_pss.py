@@ -9,6 +9,9 @@ before the failure (read when no step was in flight), compared bit for bit.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import threading
 import time
 from typing import Any
@@ -260,8 +263,54 @@ def worker_killed_during_fit_case() -> None:
             # run had finished on the PS before the worker died, that step is counted twice.
             assert result.steps >= 60, result
             print("stale steps settled:", result.stale_settled, flush=True)
+            assert not result.settle_errors, result.settle_errors
             _check_parity(model)
         finally:
+            cluster.close()
+
+    exit_with(case)
+
+
+def worker_cut_in_a_step_case() -> None:
+    """A worker that dies inside a step (a failpoint after every update, before the commit) and comes back
+    4 s later: its step, left pending on the PS logs, is settled while training goes on, fit ends, and
+    parity is exact."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        import tf_ecrec.pss
+
+        marker_dir = tempfile.mkdtemp(prefix="ec_failpoint_")
+        os.environ["TF_ECREC_FAILPOINT"] = "worker_before_commit@worker:1@step=15"
+        os.environ["TF_ECREC_FAILPOINT_DIR"] = marker_dir
+        cluster, protection = _setup()
+        try:
+            model = _model(tf, "m", tf.keras.optimizers.Adagrad(0.1), protection)
+            died = threading.Event()
+
+            def restarter() -> None:
+                proc = cluster.procs[("worker", 1)]
+                try:
+                    proc.wait(timeout=TOTAL_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    return
+                died.set()
+                time.sleep(4.0)  # a restart as slow as a rescheduled pod's: the dead step goes stale meanwhile
+                cluster.restart("worker", 1)
+
+            thread = threading.Thread(target=restarter, daemon=True)
+            thread.start()
+            result = tf_ecrec.pss.fit(model, _data(tf), epochs=3, steps_per_epoch=20, verbose=0, timeout_secs=120)
+            assert died.is_set(), "the failpoint did not fire"
+            assert os.listdir(marker_dir), "no failpoint marker"
+            assert not result.recoveries, result
+            assert result.steps >= 60, result
+            assert not result.settle_errors, result.settle_errors
+            assert result.stale_settled, f"the cut step was not settled while training went on: {result}"
+            _check_parity(model)
+        finally:
+            os.environ.pop("TF_ECREC_FAILPOINT", None)
             cluster.close()
 
     exit_with(case)
@@ -425,6 +474,10 @@ def test_a_loss_beyond_the_code_is_refused(fresh_process: Any) -> None:
 
 def test_a_worker_killed_during_fit_leaves_parity_exact(fresh_process: Any) -> None:
     fresh_process("integration.test_pss:worker_killed_during_fit_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_a_worker_cut_inside_a_step_is_settled_while_fit_goes_on(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:worker_cut_in_a_step_case", timeout=TOTAL_TIMEOUT)
 
 
 def test_a_loss_beyond_the_code_falls_back_to_the_last_checkpoint(fresh_process: Any) -> None:

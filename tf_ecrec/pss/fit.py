@@ -45,6 +45,7 @@ class FitResult:
     retries: int = 0
     steps: int = 0
     stale_settled: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    settle_errors: list[str] = dataclasses.field(default_factory=list)  # a stale settlement that raised
     checkpoints: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -167,6 +168,13 @@ class _StaleSettler:
                 counts = self._recovery.settle_stale()
             except tf.errors.OpError as exc:  # a PS down: the failure surfaces in fit, recovery follows
                 _LOG.info("stale-step settlement skipped: %s", str(exc).splitlines()[0][:200])
+                continue
+            except Exception as exc:  # pylint: disable=broad-except
+                # Never the end of this thread: the strategy retries a step that waits behind an unsettled one
+                # without end, so fit would wait forever. Logged, kept in the result, tried again.
+                _LOG.exception("stale-step settlement failed; trying again")
+                self._result.settle_errors.append(f"{type(exc).__name__}: {exc}")
+                self._recovery.forget_stale()
                 continue
             if counts:
                 self._result.stale_settled.append(counts)

@@ -226,17 +226,20 @@ class PSSRecovery:
         self._stale = None
 
     def settle_stale(self, stale_secs: float = STALE_SECS) -> dict[str, int] | None:
-        """Settles the steps a dead worker left (pending `stale_secs`, waiting on nothing), training going on.
+        """Settles the steps a dead worker left (pending `stale_secs`, waiting on nothing), training going on,
+        as the chief does on the Estimator path (`Reconciler.settle_stale`): later steps' round-1 commits
+        wait behind them, and the strategy runs the dead worker's closure again under a new step id.
 
-        A worker killed in a step leaves its log entries pending; later steps'
-        round-1 commits wait behind them.  The strategy re-runs the closure on
-        the restarted worker (a new step id); this settles the old one, as the
-        chief does on the Estimator path (`Reconciler.settle_stale`).
+        Its ops cover the targets logged so far, and are made again once there are more (``model.fit``
+        traces its step beside this thread: ops made before the trace ended could not finish its folds).
         """
-        if self._stale is None:
+        if self._stale is None or self._stale.built.target_ids != frozenset(self.optimizer.protector.targets):
             self._stale = self._reconciler()
         report = self._stale.built.settle_stale(self._stale, range(self.protection.num_ps), stale_secs)
         return report.counts() if report is not None else None
+
+    def forget_stale(self) -> None:
+        self._stale = None  # the next `settle_stale` makes its ops again
 
     def _reconnect(self, timeout_secs: float) -> None:
         """Updates the eager context's cluster until every task answers.
@@ -259,16 +262,13 @@ class PSSRecovery:
             if current.get(name, {}).get(i) != address
         }
         if moved:
-            raise RecoveryError(
-                f"tasks moved to new addresses {moved}: the PS servers of TensorFlow 2.15 keep the cluster they "
-                "started with, so the survivors cannot reach a moved PS; rule: a recovered task keeps its address "
-                "(a StatefulSet or TFJob service name does); restart the job with the new cluster and restore its "
-                "last checkpoint; source: the cluster resolver"
-            )
+            raise RecoveryError(f"tasks moved to new addresses {moved}: the PS servers of TensorFlow 2.15 keep the "
+                                "cluster they started with, so the survivors cannot reach a moved PS; rule: a recovered "
+                                "task keeps its address (a StatefulSet or TFJob service name does); restart the job with "
+                                "the new cluster and restore its last checkpoint; source: the cluster resolver")
         while True:
             try:
-                context.context().update_server_def(server_def)
-                return
+                return context.context().update_server_def(server_def)
             except (tf.errors.UnavailableError, tf.errors.InvalidArgumentError, tf.errors.AbortedError) as exc:
                 if time.monotonic() > deadline:
                     raise RecoveryError(f"the cluster did not come back within {timeout_secs:.0f}s: {exc}; source: PSSRecovery") from exc
