@@ -43,8 +43,11 @@ under way then), that no PS has a pending row or keeps a saved T0 row.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import queue
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +71,56 @@ BATCH = 8
 ACTION_TIMEOUT_MS = 20_000
 SLICE_BYTES = 128  # a few rows per slice: a background walk takes several ticks
 WANTED_WAIT_MS = 20
+
+
+HUNG_GRACE_SECS = 60.0  # past an action's deadline: TensorFlow did not end it
+
+
+class HungAction(Exception):
+    """An action's run did not return although its deadline passed long ago (a wait no cancellation ends)."""
+
+
+@dataclasses.dataclass
+class _Call:
+    fn: Callable[[], Any]
+    event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+
+class _Runner:
+    """One daemon thread that runs the harness's applies under a background rebuild, in turn; a hung
+    action keeps it, and the next `_runner()` call starts another."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.busy: _Call | None = None
+        threading.Thread(target=self._serve, name="fault-schedule-actions", daemon=True).start()
+
+    def submit(self, fn: Callable[[], Any]) -> _Call:
+        call = _Call(fn)
+        self.busy = call
+        self._calls.put(call)
+        return call
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            try:
+                call.value = call.fn()
+            except BaseException as exc:  # re-raised on the harness's thread
+                call.error = exc
+            call.event.set()
+
+
+_RUNNER: list[_Runner] = []
+
+
+def _runner() -> _Runner:
+    """The action thread; a new one if the last action left it hung."""
+    if not _RUNNER or (_RUNNER[0].busy is not None and not _RUNNER[0].busy.event.is_set()):
+        _RUNNER[:] = [_Runner()]
+    return _RUNNER[0]
 
 
 class InjectedCrash(Exception):
@@ -528,28 +581,35 @@ class Sequence:
         worker.step = None
 
     def _run_action(self, fetch: Any, feed: dict, lookups: bool) -> Any:
-        """Runs one op of a step; while a background rebuild runs, an apply (whose forward lookups may wait
-        for pending rows) runs on a thread while the harness installs the rows those lookups ask for."""
+        """Runs one op of a step within a deadline; while a background rebuild runs, an apply (whose forward
+        lookups may wait for pending rows) runs on the action thread while the harness installs the rows
+        those lookups ask for.
+
+        The run carries its own deadline (`ACTION_TIMEOUT_MS`: TensorFlow cancels it then, and an op
+        that waits must end on the cancellation). One still running `HUNG_GRACE_SECS` past it is a hang
+        TensorFlow's deadline could not end (CI saw one): on the action thread, a `HungAction`; on this
+        thread (the other actions: no thread hop, which cost this harness a tenth of its time), every
+        thread's stack printed and the process ended (`faulthandler`), the test failing with them.
+        """
         options = tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS)
-        job = self._job()
-        if job is None or not lookups:
-            return self.sess.run(fetch, feed, options=options)
-        box: dict[str, Any] = {}
-
-        def run() -> None:
+        grace = ACTION_TIMEOUT_MS / 1000 + HUNG_GRACE_SECS
+        job = self._job() if lookups else None
+        if job is None:
+            faulthandler.dump_traceback_later(grace, exit=True)
             try:
-                box["out"] = self.sess.run(fetch, feed, options=options)
-            except BaseException as exc:  # re-raised on the harness's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        while thread.is_alive():
+                return self.sess.run(fetch, feed, options=options)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+        done = _runner().submit(lambda: self.sess.run(fetch, feed, options=options))
+        deadline = time.monotonic() + grace
+        while not done.event.is_set():
+            if time.monotonic() > deadline:
+                raise HungAction(f"seed {self.seed}: {fetch} did not return {HUNG_GRACE_SECS:.0f} s past its "
+                                 f"{ACTION_TIMEOUT_MS} ms deadline")
             self.stats.rows_asked_by_lookups += job.install_wanted(self.sess, wait_ms=WANTED_WAIT_MS)
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["out"]
+        if done.error is not None:
+            raise done.error
+        return done.value
 
     def _job(self) -> Any:
         """The background rebuild under way, if any."""
