@@ -137,7 +137,8 @@ def test_a_ps_that_comes_back_on_another_host_is_rebuilt_from_parity(tmp_path, n
         _finish(job, stop)
 
         assert rebuilt["method"] == "parity" and rebuilt["steps_rolled_back"] == 0, _recoveries(model_dir)
-        assert rebuilt["global_step"] >= killed_at, rebuilt
+        # What settlement undid (returned steps not yet durable: their records are trained again) is bounded.
+        assert rebuilt["global_step"] + rebuilt["steps_undone"] >= killed_at, rebuilt
         assert "Restoring parameters from" not in job.log("chief:0")  # no checkpoint was read
         _verify(net, job, model_dir)
     finally:

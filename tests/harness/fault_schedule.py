@@ -43,7 +43,6 @@ under way then), that no PS has a pending row or keeps a saved T0 row.
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import queue
 import secrets
 import threading
@@ -586,20 +585,16 @@ class Sequence:
         those lookups ask for.
 
         The run carries its own deadline (`ACTION_TIMEOUT_MS`: TensorFlow cancels it then, and an op
-        that waits must end on the cancellation). One still running `HUNG_GRACE_SECS` past it is a hang
-        TensorFlow's deadline could not end (CI saw one): on the action thread, a `HungAction`; on this
-        thread (the other actions: no thread hop, which cost this harness a tenth of its time), every
-        thread's stack printed and the process ended (`faulthandler`), the test failing with them.
+        that waits must end on the cancellation). On the action thread, one still running
+        `HUNG_GRACE_SECS` past it is a `HungAction`, named, not a wait without end. On this thread (the
+        other actions) nothing but TensorFlow's deadline bounds it: ending the process instead (tried
+        with `faulthandler`) ended an xdist worker in a clean-clone run, and xdist then waited for good.
         """
         options = tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS)
         grace = ACTION_TIMEOUT_MS / 1000 + HUNG_GRACE_SECS
         job = self._job() if lookups else None
         if job is None:
-            faulthandler.dump_traceback_later(grace, exit=True)
-            try:
-                return self.sess.run(fetch, feed, options=options)
-            finally:
-                faulthandler.cancel_dump_traceback_later()
+            return self.sess.run(fetch, feed, options=options)
         done = _runner().submit(lambda: self.sess.run(fetch, feed, options=options))
         deadline = time.monotonic() + grace
         while not done.event.is_set():
