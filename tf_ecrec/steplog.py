@@ -74,7 +74,6 @@ class Reconciler(StaleSteps):
         commit_timeout_ms: int = ROUND1_TIMEOUT_MS,
     ) -> None:
         self.targets = dict(targets)  # a copy: the caller's may grow (a step program traced later)
-        self.target_ids = frozenset(self.targets)  # the targets this reconciler has ops for
         self._expected = expected_folds
         self._lock = threading.Lock()
         with tf.name_scope("ec_reconcile"):

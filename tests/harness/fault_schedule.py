@@ -43,7 +43,6 @@ under way then), that no PS has a pending row or keeps a saved T0 row.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import secrets
 import threading
 import time
@@ -77,49 +76,6 @@ HUNG_GRACE_SECS = 60.0  # past an action's deadline: TensorFlow did not end it
 
 class HungAction(Exception):
     """An action's run did not return although its deadline passed long ago (a wait no cancellation ends)."""
-
-
-@dataclasses.dataclass
-class _Call:
-    fn: Callable[[], Any]
-    event: threading.Event = dataclasses.field(default_factory=threading.Event)
-    value: Any = None
-    error: BaseException | None = None
-
-
-class _Runner:
-    """One daemon thread that runs the harness's applies under a background rebuild, in turn; a hung
-    action keeps it, and the next `_runner()` call starts another."""
-
-    def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-        self.busy: _Call | None = None
-        threading.Thread(target=self._serve, name="fault-schedule-actions", daemon=True).start()
-
-    def submit(self, fn: Callable[[], Any]) -> _Call:
-        call = _Call(fn)
-        self.busy = call
-        self._calls.put(call)
-        return call
-
-    def _serve(self) -> None:
-        while True:
-            call = self._calls.get()
-            try:
-                call.value = call.fn()
-            except BaseException as exc:  # re-raised on the harness's thread
-                call.error = exc
-            call.event.set()
-
-
-_RUNNER: list[_Runner] = []
-
-
-def _runner() -> _Runner:
-    """The action thread; a new one if the last action left it hung."""
-    if not _RUNNER or (_RUNNER[0].busy is not None and not _RUNNER[0].busy.event.is_set()):
-        _RUNNER[:] = [_Runner()]
-    return _RUNNER[0]
 
 
 class InjectedCrash(Exception):
@@ -581,30 +537,38 @@ class Sequence:
 
     def _run_action(self, fetch: Any, feed: dict, lookups: bool) -> Any:
         """Runs one op of a step within a deadline; while a background rebuild runs, an apply (whose forward
-        lookups may wait for pending rows) runs on the action thread while the harness installs the rows
+        lookups may wait for pending rows) runs on a thread of its own while the harness installs the rows
         those lookups ask for.
 
         The run carries its own deadline (`ACTION_TIMEOUT_MS`: TensorFlow cancels it then, and an op
-        that waits must end on the cancellation). On the action thread, one still running
+        that waits must end on the cancellation). On its own thread, one still running
         `HUNG_GRACE_SECS` past it is a `HungAction`, named, not a wait without end. On this thread (the
         other actions) nothing but TensorFlow's deadline bounds it: ending the process instead (tried
         with `faulthandler`) ended an xdist worker in a clean-clone run, and xdist then waited for good.
         """
         options = tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS)
-        grace = ACTION_TIMEOUT_MS / 1000 + HUNG_GRACE_SECS
         job = self._job() if lookups else None
         if job is None:
             return self.sess.run(fetch, feed, options=options)
-        done = _runner().submit(lambda: self.sess.run(fetch, feed, options=options))
-        deadline = time.monotonic() + grace
-        while not done.event.is_set():
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = self.sess.run(fetch, feed, options=options)
+            except BaseException as exc:  # re-raised on the harness's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + ACTION_TIMEOUT_MS / 1000 + HUNG_GRACE_SECS
+        while thread.is_alive():
             if time.monotonic() > deadline:
                 raise HungAction(f"seed {self.seed}: {fetch} did not return {HUNG_GRACE_SECS:.0f} s past its "
                                  f"{ACTION_TIMEOUT_MS} ms deadline")
             self.stats.rows_asked_by_lookups += job.install_wanted(self.sess, wait_ms=WANTED_WAIT_MS)
-        if done.error is not None:
-            raise done.error
-        return done.value
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
 
     def _job(self) -> Any:
         """The background rebuild under way, if any."""

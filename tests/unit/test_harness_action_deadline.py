@@ -2,7 +2,7 @@
 
 CI once saw a harness action's ``session.run`` never return although its RunOptions deadline had
 passed (TensorFlow's master waits for every partition after it cancels them). Past the deadline plus
-a grace, an apply under a background rebuild (run on the harness's action thread) raises
+a grace, an apply under a background rebuild (run on a thread of its own) raises
 `HungAction`. A session stands in for TensorFlow: what is checked is the harness's own bound, which
 is pure logic.
 """
@@ -43,7 +43,7 @@ def _sequence(sess: _Session, job: Any = None) -> Any:
     return SimpleNamespace(sess=sess, seed=7, stats=SimpleNamespace(rows_asked_by_lookups=0), _job=lambda: job)
 
 
-@pytest.mark.parametrize("job", [None, _Job()], ids=["this-thread", "action-thread"])
+@pytest.mark.parametrize("job", [None, _Job()], ids=["this-thread", "own-thread"])
 def test_an_action_that_returns_gives_its_value_under_the_action_deadline(job: Any) -> None:
     sess = _Session(blocks=False)
     assert fault_schedule.Sequence._run_action(_sequence(sess, job), "op", {}, lookups=True) == ("ran", "op")

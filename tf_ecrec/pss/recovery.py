@@ -233,7 +233,7 @@ class PSSRecovery:
         Its ops cover the targets logged so far, and are made again once there are more (``model.fit``
         traces its step beside this thread: ops made before the trace ended could not finish its folds).
         """
-        if self._stale is None or self._stale.built.target_ids != frozenset(self.optimizer.protector.targets):
+        if self._stale is None or self._stale.built.targets.keys() != self.optimizer.protector.targets.keys():
             self._stale = self._reconciler()
         report = self._stale.built.settle_stale(self._stale, range(self.protection.num_ps), stale_secs)
         return report.counts() if report is not None else None
