@@ -23,13 +23,20 @@ new object per (re-)created session.  Call order on the chief::
 
     listener.before_save(s, G)   s is not the session the hook knows: a save
                                  during session creation.  Note the latest
-                                 checkpoint before it (what a restore read),
-                                 defer the shard state of G
+                                 checkpoint before it (what a restore read);
+                                 with the stock restore, roll the shard state
+                                 back to it now (below); defer the shard state of G
     listener.after_save(s, G)    (deferred)
     after_create_session(s)      if the session was restored from a checkpoint
-                                 C: restore the newest shard state at or before
-                                 C to the master; then save the shard state of
-                                 G, taken after that restore
+                                 C (``restored`` says so): restore the newest
+                                 shard state at or before C to the master; then
+                                 save the shard state of G, taken after that restore
+
+Other trainers may train on the restored model before the rollback (their ready op passes once the
+variables are restored): the records of those steps are rolled back with the rest and trained
+again, never skipped.  The rollback is paid at the first moment the chief's code runs after the
+restore, before the creation save writes (which took 1.4 s on a loaded machine), and logged with the
+global step the model had then, the evidence of how many such steps there were.
     listener.before_save / after_save of the same session: delegated to
                                  `ShardCheckpointListener` (periodic, final)
 
@@ -96,7 +103,7 @@ class _ShardStateListener(tf.compat.v1.train.CheckpointSaverListener):
     def before_save(self, session: Any, global_step_value: int) -> None:
         self._deferred = session is not self._hook.session
         if self._deferred:
-            self._hook.creation_save(global_step_value, _latest_checkpoint_step(self._hook.checkpoint_dir))
+            self._hook.creation_save(global_step_value, _latest_checkpoint_step(self._hook.checkpoint_dir), session)
         else:
             self.inner.before_save(session, global_step_value)
 
@@ -135,15 +142,35 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         self.session: Any = None
         self._pending: tuple[int, int | None] | None = None
         self._payer = payer or OwedRollbackHook(client, dataset, checkpoint_dir)
+        self._global_step: Any = None
 
     @property
     def rollbacks(self) -> list[tuple[int, int | None]]:
         """(restored step, shard state step) per rollback paid."""
         return self._payer.rollbacks
 
-    def creation_save(self, step: int, latest_before: int | None) -> None:
-        """Called by the listener for the save made while a session is created."""
+    def begin(self) -> None:
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def creation_save(self, step: int, latest_before: int | None, session: Any = None) -> None:
+        """Called by the listener for the save made while a session is created.
+
+        With the stock restore (no `restored` given), a checkpoint there means the session restored it:
+        the rollback is paid here, before the save writes, the earliest moment the chief's code runs
+        after the restore (other trainers may train on the restored model from then on)."""
         self._pending = (step, latest_before)
+        if self._restored is None and latest_before is not None:
+            self._pay(latest_before, session)
+            self._pending = (step, None)
+
+    def _pay(self, restored_step: int, session: Any) -> None:
+        owe(self.checkpoint_dir, restored_step, "checkpoint")
+        self._payer.pay_or_retry()  # if the master is away it stays owed, retried on a thread
+        if session is not None and self._global_step is not None and owed(self.checkpoint_dir) is None:
+            # The evidence of what the rollback took back beyond the lost steps: the steps other
+            # trainers ran on the restored model before it (their records are trained again).
+            _LOG.info("shard progress rolled back with the model at global step %d (restored: step %d)",
+                      int(session.run(self._global_step)), restored_step)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self.session = session
@@ -153,8 +180,7 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
             return  # no save at creation (no checkpoint interval): nothing to roll back to either
         step, latest_before = pending
         if latest_before is not None and (restored if restored is not None else True):
-            owe(self.checkpoint_dir, latest_before, "checkpoint")
-            self._payer.pay_or_retry()  # if the master is away it stays owed, retried on a thread
+            self._pay(latest_before, session)
         # The checkpoint written at creation gets the progress as it now stands (none while owed).
         self.listener.inner.before_save(session, step)
         self.listener.inner.after_save(session, step)

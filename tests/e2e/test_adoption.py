@@ -69,11 +69,11 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
     model_dir = str(tmp_path / "model")
     script = [sys.executable, os.path.join(SCRIPTS, "deepfm_protected.py"), "--data_dir", data_dir,
               "--model_dir", model_dir, "--feature_size", str(FEATURES), "--field_size", str(FIELDS),
-              "--max_steps", "1500", "--num_epochs", "20", "--save_checkpoints_steps", "100000"]
+              "--max_steps", "800", "--num_epochs", "20", "--save_checkpoints_steps", "100000"]
     job = ProcessCluster(script, {"ps": 2, "chief": 1, "worker": 1, "evaluator": 1}, str(tmp_path / "logs"))
     try:
         job.start_all()
-        killed_at = job.wait_for_step(500)
+        killed_at = job.wait_for_step(300)
         job.kill("ps:1")
         job.start("ps:1")  # the pod restarted behind its name: the same address
         codes = job.wait(["chief:0", "worker:0", "evaluator:0"], timeout=600)
@@ -97,7 +97,7 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] > 0, result
         # The evaluator evaluated the protected model's checkpoints (the tables built with the training layout).
         evaluations = re.findall(r"Saving dict for global step (\d+): auc = ([0-9.]+)", job.log("evaluator:0"))
-        assert evaluations and int(evaluations[-1][0]) >= 1500, job.log("evaluator:0")[-3000:]
+        assert evaluations and int(evaluations[-1][0]) >= 800, job.log("evaluator:0")[-3000:]
         assert float(evaluations[-1][1]) > 0.7, evaluations  # the protected model learned
         # No warning of ours on a clean run. TensorFlow's notices that tf.estimator itself is deprecated
         # come with every Estimator call, the user's stock script's included: not ours to remove.

@@ -163,8 +163,8 @@ def test_with_a_spare_training_goes_on_while_the_killed_ps_rows_are_rebuilt(tmp_
     # Small slices (128 KB, several hundred session calls for the 170 MB of ps:1) make the walk outlast
     # the trainers' first steps after they resume, so that their lookups meet pending rows; the walk
     # pauses as long as each slice took (--rebuild-share 0.5), leaving the rest of the time to training.
-    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "1200", "--spare-ps", "1",
-                       "--table-rows", "100000", "--embedding-dim", "16", "--kill", "ps:1@step=500",
+    report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "950", "--spare-ps", "1",
+                       "--table-rows", "100000", "--embedding-dim", "16", "--kill", "ps:1@step=250",
                        "--rebuild-slice-mb", "0.125", "--rebuild-share", "0.5", "--restart-delay", "20")
     (rec,) = report["recovery"]
     assert rec["method"] == "parity" and rec["rebuilt_in_background"] and rec["steps_rolled_back"] == 0

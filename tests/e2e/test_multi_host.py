@@ -128,12 +128,12 @@ def test_a_ps_that_comes_back_on_another_host_is_rebuilt_from_parity(tmp_path, n
     job, model_dir, cluster_file, stop = _job(tmp_path, net)
     try:
         job.start_all()
-        killed_at = job.wait_for_step(300, timeout=240)
+        killed_at = job.wait_for_step(150, timeout=240)
         job.kill("ps:1")  # host b stays up; the PS comes back on host d, at d's address
         address = _replace_ps1(job, net, cluster_file)
         assert address.startswith(net["d"].address + ":")
         rebuilt = _wait_for_rebuild(job, model_dir, timeout=180)
-        job.wait_for_step(rebuilt["global_step"] + 300, timeout=240)
+        job.wait_for_step(rebuilt["global_step"] + 100, timeout=240)
         _finish(job, stop)
 
         assert rebuilt["method"] == "parity" and rebuilt["steps_rolled_back"] == 0, _recoveries(model_dir)
@@ -150,7 +150,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
     zombie = None
     try:
         job.start_all()
-        job.wait_for_step(300, timeout=240)
+        job.wait_for_step(150, timeout=240)
         zombie, zombie_address = job.tasks["ps:1"], job.address("ps:1")
         net["b"].link_down()  # ps:1 runs on, unreachable
         cut = time.time()
