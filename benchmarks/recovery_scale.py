@@ -16,7 +16,12 @@ to the first step after a restore) as a fraction of steady state, the
 rebuild's GB/s, the chief's resident memory before the kill and its peak in
 the window, and the PS' peak.  Writes ``recovery_scale.json`` and
 ``recovery_scale.png`` (seconds to resume against size, one line per
-configuration) to ``--out``; prints a Markdown table.
+configuration) to ``--out``; prints a Markdown table.  And what the failure cost in training
+time: ``training_seconds_lost`` (samples not trained against the pre-failure rate from the kill
+until the rate is back within 5%, plus rolled-back samples, over that rate), and per trainer its
+seconds to its first step, its sessions and its rate after the rebuild over its rate before.  The
+killed PS's replacement starts ``--restart-delay`` seconds later (20 by default: a rescheduled pod),
+which a spare makes irrelevant and every other configuration waits for.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ CONFIGS = {
     "ecrec-2+1-spare": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1"],
     # The rebuild walks 30% of the time and leaves the rest to training: a longer rebuild, more throughput in it.
     "ecrec-2+1-spare-share0.3": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--spare-ps", "1", "--rebuild-share", "0.3"],
+    "flash-100": ["--fault-tolerance", "flash", "--flash-checkpoint-steps", "100"],
 }
 TABLES, DIM, SLOTS = 26, 16, 1  # the DLRM example; Adagrad keeps one slot per value
 
@@ -49,7 +55,8 @@ def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
     shutil.rmtree(model_dir, ignore_errors=True)
     flags = [
         "--ps", str(args.ps), "--workers", str(args.workers), "--steps", str(args.steps),
-        "--table-rows", str(rows), "--kill", f"ps:1@step={args.kill_step}", *CONFIGS[config], *args.extra,
+        "--table-rows", str(rows), "--kill", f"ps:1@step={args.kill_step}", "--restart-delay", str(args.restart_delay),
+        *CONFIGS[config], *args.extra,
     ]
     report = launched_job.run(flags, model_dir, f"{config} at {rows} rows")
     rec = report["recovery"][0]
@@ -81,6 +88,16 @@ def run_one(config: str, rows: int, args: argparse.Namespace) -> dict:
         "chief_mb_in_window": rec.get("memory_mb_in_window", {}).get("chief:0"),
         "ps_peak_mb": {t: m["peak_mb"] for t, m in memory.items() if t.startswith("ps:")},
         "parity_mismatches": report.get("parity", {}).get("mismatches"),
+        # What the failure cost in training time (issue 33's measure, `tf_ecrec.launcher.failure_cost`),
+        # and each trainer's own return: sessions it made, its rate after the rebuild over before.
+        "training_seconds_lost": rec.get("training_seconds_lost"),
+        "seconds_to_rate": rec.get("seconds_to_rate"),
+        "back": rec.get("back"),
+        "trainers": {t: {"sessions": v.get("sessions"), "seconds_to_first_step": v.get("seconds_to_first_step"),
+                         "rate_after_over_before": (round(v["samples_per_sec_after"] / v["samples_per_sec_before"], 3)
+                                                    if v.get("samples_per_sec_after") and v.get("samples_per_sec_before")
+                                                    else None)}
+                     for t, v in (rec.get("trainers") or {}).items()},
     }
     print(f"  {config} @ {rows:,} rows: resumed after {row['seconds_to_resume']} s, "
           f"{row['steps_rolled_back']} steps rolled back ({row['wall_seconds']} s run)", file=sys.stderr)
@@ -118,6 +135,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--kill-step", type=int, default=900)
+    parser.add_argument("--restart-delay", type=float, default=20.0,
+                        help="seconds before the killed PS's replacement starts (a rescheduled pod: tens of seconds)")
     parser.add_argument("--out", default="/tmp/tf_ecrec_recovery_scale")
     args, extra = parser.parse_known_args()
     args.extra = [a for a in extra if a != "--"]
@@ -133,7 +152,16 @@ def main() -> int:
             with open(os.path.join(args.out, "recovery_scale.json"), "w", encoding="utf-8") as fh:
                 json.dump(rows, fh, indent=1)
     plot(rows, os.path.join(args.out, "recovery_scale.png"))
-    print(f"\nps:1 killed at step {args.kill_step}; {args.ps} PS, {args.workers} workers, {args.steps} steps\n")
+    print(f"\nps:1 killed at step {args.kill_step}, its replacement after {args.restart_delay:g} s; {args.ps} PS, "
+          f"{args.workers} workers, {args.steps} steps\n")
+    print("| config | GB | training s lost | s to rate | back | per trainer: s to first step, sessions, rate after / before |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        per = "; ".join(f"{t} {v['seconds_to_first_step']} s, {v['sessions']}, {v['rate_after_over_before']}"
+                        for t, v in r["trainers"].items())
+        print(f"| {r['config']} | {r['table_gb']:.2f} | {r['training_seconds_lost']} | {r['seconds_to_rate']} | "
+              f"{r['back']} | {per} |")
+    print()
     print("| config | GB | s to first step | s to regain | steps rolled back | window s | throughput in window | "
           "s rebuilding after resuming / throughput then | rebuild GB/s | chief MB before / in window | PS peak MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

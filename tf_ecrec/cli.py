@@ -92,7 +92,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oom-growth", type=float, default=1.5, help="the limit of a PS restarted after an OOM, times this")
     p.add_argument("--hang-secs", type=float, default=300.0,
                    help="kill and restart a trainer with no step for this long while others train (0: off)")
-    p.add_argument("--ps-hang-secs", type=float, default=0.0, metavar="SECS",
+    p.add_argument("--ps-hang-secs", type=float, default=4.0, metavar="SECS",
                    help="kill a PS that answered the launcher's probe and then nothing for this long (hung, "
                    "stopped, cut off), then restart it or give its role to a spare (0: off)")
     p.add_argument("--inject", action="append", default=[], metavar="oom:ps:I@step=N|hang:TASK@step=N",

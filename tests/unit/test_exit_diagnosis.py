@@ -47,7 +47,7 @@ def test_injections_parse_and_bad_ones_are_refused_by_name():
     {"ps_hang_secs": float("inf")},
     {"injections": ("oom:ps:1@step=5",)},  # no memory limit
     {"injections": ("oom:worker:0@step=5",), "ps_memory_mb": 512},
-    {"injections": ("hang:ps:0@step=5",)},
+    {"injections": ("hang:ps:0@step=5",), "ps_hang_secs": 0},  # a PS frozen with its watch off
     {"injections": ("hang:worker:0@step=5",), "hang_secs": 0},
     {"injections": ("hang:worker:7@step=5",)},
 ])

@@ -11,7 +11,7 @@
   waiting for its next file or for the rest of a shard, the data's tail) waits for records, which
   is not a hang: its clock starts again when records come.  A trainer that holds a lease stays
   watched: a hung one holding the last records is what leaves nothing to lease.
-- **Silent PS** (``--ps-hang-secs S``, 0: off): a PS that answered the launcher's probe since it
+- **Silent PS** (``--ps-hang-secs S``, 4 by default, 0: off): a PS that answered the launcher's probe since it
   started (`tf_ecrec.launcher.ps_probe`) and then answered nothing for S seconds (hung, stopped,
   cut off: a live process the trainers would wait on until their session timeout) is killed, and
   then restarted or replaced by a spare as any PS that died, the report naming why.

@@ -135,7 +135,7 @@ class JobSpec:
     ps_memory_mb: int | None = None
     oom_growth: float = 1.5
     hang_secs: float = 300.0
-    ps_hang_secs: float = 0.0
+    ps_hang_secs: float = 4.0
     injections: tuple[str, ...] = ()
     min_workers: int | None = None
     max_workers: int | None = None
