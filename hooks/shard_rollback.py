@@ -31,14 +31,14 @@ new object per (re-)created session.  Call order on the chief::
                                  C (``restored`` says so): restore the newest
                                  shard state at or before C to the master; then
                                  save the shard state of G, taken after that restore
+    listener.before_save / after_save of the same session: delegated to
+                                 `ShardCheckpointListener` (periodic, final)
 
 Other trainers may train on the restored model before the rollback (their ready op passes once the
 variables are restored): the records of those steps are rolled back with the rest and trained
 again, never skipped.  The rollback is paid at the first moment the chief's code runs after the
 restore, before the creation save writes (which took 1.4 s on a loaded machine), and logged with the
 global step the model had then, the evidence of how many such steps there were.
-    listener.before_save / after_save of the same session: delegated to
-                                 `ShardCheckpointListener` (periodic, final)
 
 "Restored from a checkpoint" is, by default, what the stock
 ``ChiefSessionCreator`` does: restore the latest checkpoint whenever there is
@@ -161,7 +161,6 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         self._pending = (step, latest_before)
         if self._restored is None and latest_before is not None:
             self._pay(latest_before, session)
-            self._pending = (step, None)
 
     def _pay(self, restored_step: int, session: Any) -> None:
         owe(self.checkpoint_dir, restored_step, "checkpoint")
@@ -179,7 +178,7 @@ class ShardRollbackHook(tf.compat.v1.train.SessionRunHook):
         if pending is None:
             return  # no save at creation (no checkpoint interval): nothing to roll back to either
         step, latest_before = pending
-        if latest_before is not None and (restored if restored is not None else True):
+        if latest_before is not None and restored:  # a stock restore's rollback was paid at the creation save
             self._pay(latest_before, session)
         # The checkpoint written at creation gets the progress as it now stands (none while owed).
         self.listener.inner.before_save(session, step)
