@@ -56,6 +56,27 @@ def test_every_source_includes_the_precompiled_header_first(tmp_path: Path, monk
     assert [getattr(loaded, f"part{i}")() for i in range(3)] == [42, 43, 44]
 
 
+def test_the_slowest_sources_compile_beside_the_header_with_its_text(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A source of SLOW_SOURCES compiles while the header is precompiled, against the header's plain text;
+    # it needs the header's definitions as much as any other source does.
+    build = _build_module()
+    monkeypatch.setattr(build, "PRECOMPILED", ("#define EC_ANSWER 42",))
+    monkeypatch.setattr(build, "SLOW_SOURCES", ("sub/part2.cc", "gone.cc"))
+    src = tmp_path / "cc"
+    for i in range(3):
+        _write(src, f"sub/part{i}.cc", f'extern "C" int part{i}() {{ return EC_ANSWER + {i}; }}\n')
+    assert [build._slow_rank(p) for p in sorted(src.rglob("*.cc"))] == [2, 2, 0]
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    library = str(tmp_path / "lib.so")
+    build._compile_and_link("g++", ["-std=c++17", "-shared", "-fPIC", "-O0"], [], str(objects), library, 2, False,
+                            source_dir=src)
+    assert (objects / "ec_plain.h").read_text() == "#define EC_ANSWER 42\n"
+    loaded = ctypes.CDLL(library)
+    assert [getattr(loaded, f"part{i}")() for i in range(3)] == [42, 43, 44]
+
+
 def test_a_failing_source_is_named_with_the_compilers_message(tmp_path: Path) -> None:
     build = _build_module()
     src = tmp_path / "cc"
