@@ -194,11 +194,8 @@ class FailoverLoop:
         """
         import tensorflow as tf
 
-        from tf_ecrec.data.pipeline import input_fn_without_autotune
-
         session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError)
         # MonitoredSession logs each failed session creation, tens a second for a PS that is down: one in 30 s.
-        input_fn = input_fn_without_autotune(input_fn)  # a session close would wait for its thread
         quiet = RepeatFilter(("An error was raised while a session was being created",
                               "An error was raised while considering whether the session is complete"))
         tf.get_logger().addFilter(quiet)
