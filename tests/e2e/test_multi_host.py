@@ -171,7 +171,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
             old_ps = [job.address("ps:0"), zombie_address]
             seen = _digest(net, job, model_dir, old_ps)
             at_reconnect = job.last_step()
-            job.wait_for_step(at_reconnect + 300, timeout=240)  # training goes on with the zombie reachable
+            job.wait_for_step(at_reconnect + 150, timeout=240)  # training goes on with the zombie reachable
             _finish(job, stop)
             final = job.last_step()
             later = {p: n for p, n in net["b"].tcp_peers(PORT).items() if not p.startswith(net["probe"].address + ":")}
@@ -197,7 +197,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         # steps not durable yet) plus a step in flight per trainer.
         bound = rebuilt["global_step"] + rebuilt["steps_undone"] + len(TRAINERS)
         assert all(value <= bound for value in steps.values()), (steps, rebuilt)
-        assert final >= rebuilt["global_step"] + 400
+        assert final >= rebuilt["global_step"] + 250
         print(f"cut off for {cut_for:.1f} s; zombie's global step copies {steps}, job's final step {final}; "
               f"calls the zombie got from the job once back: {({p: methods(fs) for p, fs in after.items()})}")
 
