@@ -75,9 +75,14 @@ task, this trainer's own included; that local deletion has no deadline and holds
 TensorFlow SessionMgr, so the next session's creation waits until it ends.  Usually it takes
 milliseconds; in about one launched run in five it took 10-47 s (TF_CPP_MIN_LOG_LEVEL=0 and
 TF_CPP_VMODULE=session_mgr=1,master_session=1 show the new session's "ClusterSpec propagation is
-enabled" on the trainer's own task at the very moment the old session's close logs its end).  A
-close or creation cut by the operation timeout is the DeadlineExceeded that sends this loop to
-WAIT and BUILD, which rebuilds the graph without shortening the wait.
+enabled" on the trainer's own task at the very moment the old session's close logs its end).  What
+the deletion waits for (native stacks, docs/benchmarks.md): the input pipeline's iterator, whose
+destructor joins tf.data's autotuning thread, asleep for up to a minute between optimizations.  A
+pipeline with ``autotune.enabled = False`` closes in tens of milliseconds, but that faster close
+exposed faults after a failure (a livelock of both trainers' new sessions) that are not fixed yet, so
+the pipelines keep TensorFlow's default.  A close or creation cut by the operation timeout is the
+DeadlineExceeded that sends this loop to WAIT and BUILD, which rebuilds the graph without
+shortening the wait.
 
 The rebuild of the lost PS's variables is not this module's: the chief's
 new session runs it (`tf_ecrec.recovery`), exactly as for a PS restarted at
