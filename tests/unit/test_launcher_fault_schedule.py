@@ -75,3 +75,21 @@ def test_the_master_is_a_fault_target_like_any_task():
     assert fault.on_master and fault.task == "master"
     schedule.hit(fault, 10)
     assert schedule.due_restarts(8.0) == [fault]
+
+
+def test_after_a_ps_kill_only_a_step_of_a_session_created_since_resumes():
+    # A step in flight at the kill that did not need the dead PS completes on the old session, with the
+    # global step it read before the failure took steps back: training has not resumed (every trainer
+    # re-creates its session for a lost PS).  A worker's kill leaves the other trainers' sessions alone.
+    clock = Clock()
+    schedule = FaultSchedule([KillSpec("ps", 1, 200), KillSpec("worker", 0, 300)], restart_delay=0.0, clock=clock)
+    (ps_kill,) = schedule.due_kills(200)
+    clock.now = 1000.0
+    schedule.hit(ps_kill, 200)
+    assert schedule.progress(1000.7, 195, session_at=990.0) == []  # the old session's step, a stale read
+    assert schedule.awaiting_resume()
+    assert schedule.progress(1006.0, 200, session_at=1005.5) == [("resumed", ps_kill), ("regained", ps_kill)]
+    (worker_kill,) = schedule.due_kills(300)
+    clock.now = 1100.0
+    schedule.hit(worker_kill, 300)
+    assert schedule.progress(1100.5, 301, session_at=1005.5) == [("resumed", worker_kill), ("regained", worker_kill)]

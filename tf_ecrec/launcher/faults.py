@@ -10,8 +10,9 @@ or the job master)::
     hit(fault, step)     killed now; its restart is due `restart_delay` s later
     due_restarts(now)    hit, restart due                            -> the caller restarts the target
     restarted(fault)     restarted (or replaced by a spare): nothing more is due
-    progress(t, step)    a step after the kill: "resumed" once, then "regained" once
-                         the global step is back at the step of the kill
+    progress(t, step, s) a step after the kill (after a PS's, of a session created since):
+                         "resumed" once, then "regained" once the global step is back at
+                         the step of the kill
 
 The schedule only keeps the books; the supervisor acts (SIGKILL, start a
 process) and records events.  Times come from `clock` (wall seconds, like
@@ -106,11 +107,20 @@ class FaultSchedule:
         """Whether some fault hit and training has not resumed since (no stall is reported meanwhile)."""
         return any(f.killed_at is not None and not f.resumed for f in self.faults)
 
-    def progress(self, t: float, step: int) -> list[tuple[EventKind, Fault]]:
-        """A step reported at `t` with global step `step`: the (RESUMED | REGAINED, fault) events it makes."""
+    def progress(self, t: float, step: int, session_at: float | None = None) -> list[tuple[EventKind, Fault]]:
+        """A step reported at `t` with global step `step` by a trainer whose session was created at `session_at`
+        (None: not known): the (RESUMED | REGAINED, fault) events it makes.
+
+        After a PS's kill only a step of a session created since counts: a step in flight at the kill that
+        did not need the dead PS still completes on the old session, with the global step it read before
+        the failure took steps back, and training has not resumed (every trainer re-creates its session
+        for a lost PS).  A trainer's or the master's kill leaves the others' sessions as they are.
+        """
         events: list[tuple[EventKind, Fault]] = []
         for f in self.faults:
             if f.killed_at is None or t <= f.killed_at:
+                continue
+            if f.spec.task_type == "ps" and session_at is not None and session_at <= f.killed_at:
                 continue
             if not f.resumed:
                 f.resumed = True

@@ -113,8 +113,8 @@ class Supervisor:
         self._scaling: AutoScaling | None = None
         self._stream: StreamFeed | None = None
         self._token: str | None = None
-        self._reader = DigestReader(model_dir.manifest_file(job.model_dir),  # started while the job trains
-                                    model_dir.log_file(job.model_dir, "digest"))
+        self._session_at: dict[str, float] = {}  # each trainer's last session creation (its datagram's t)
+        self._reader = DigestReader(model_dir.manifest_file(job.model_dir), model_dir.log_file(job.model_dir, "digest"))
 
     def run(self) -> dict[str, Any]:
         """Runs the job to the end and returns the report (also written to --report).
@@ -290,10 +290,11 @@ class Supervisor:
             self._run.record.step(t, step, int(msg.get("records", 0)), task=task)
             if step > self._run.global_step or self._run.faults.interrupted(t):
                 self._run.global_step = step
-            for kind_, fault in self._run.faults.progress(t, step):
+            for kind_, fault in self._run.faults.progress(t, step, session_at=self._session_at.get(task)):
                 self._run.event(kind_, fault.task, step, t=t)
             return True
         if kind is StatusKind.SESSION:
+            self._session_at[task] = t
             self._run.event(EventKind.SESSION, task, int(msg.get("step", 0)), t=t)
             if task == "chief:0":
                 if self.job.strategy is not Strategy.PSS:
@@ -310,10 +311,8 @@ class Supervisor:
         if kind is StatusKind.RECOVERED:
             extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", "phases", *_SETTLED)}
             self._run.event(EventKind.RECOVERED, task, msg.get("step"), t=t, **extra)
-            self._run.console.print(
-                f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
-                f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s"
-            )
+            self._run.console.print(f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
+                                    f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s")
             return True
         if kind is StatusKind.REBUILDING:
             self._run.event(EventKind.REBUILDING, task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
