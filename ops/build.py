@@ -212,7 +212,7 @@ def _compile_and_link(cxx: str, flags: Sequence[str], link_flags: Sequence[str],
     # While one compiler precompiles the header, the other job slots compile the slowest sources with
     # the header's text included as it is (the same definitions, parsed once more): on 2 cores the
     # precompilation alone would leave one core idle for a fifth of the build.
-    early = [src for src in sorted(sources, key=_slow_rank) if _slow_rank(src) < len(SLOW_SOURCES)][:max(0, jobs - 1)]
+    early = sorted((src for src in sources if _slow_rank(src) < len(SLOW_SOURCES)), key=_slow_rank)[:max(0, jobs - 1)]
 
     def compile_one(src: Path, include: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run([cxx, *compile_flags, *include, "-c", str(src), "-o", outputs[src]],
@@ -255,9 +255,7 @@ SLOW_SOURCES = ("kernels/sparse_apply_with_delta_op.cc",)
 
 def _slow_rank(src: Path) -> int:
     """`src`'s place in `SLOW_SOURCES` (compiled first), or past its end."""
-    name = src.as_posix()
-    ranks = [i for i, slow in enumerate(SLOW_SOURCES) if name.endswith("/" + slow)]
-    return ranks[0] if ranks else len(SLOW_SOURCES)
+    return next((i for i, slow in enumerate(SLOW_SOURCES) if src.as_posix().endswith("/" + slow)), len(SLOW_SOURCES))
 
 
 def _header(objects: str, name: str) -> str:
