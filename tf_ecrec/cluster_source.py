@@ -85,9 +85,15 @@ class FileClusterSource:
     writer replaces the file atomically (`write_cluster_file`).
     """
 
+    poll_secs = 0.02
+    """How often a trainer reads this source (`tf_ecrec.failover.FailoverLoop`): a read of an unchanged
+    file is one ``stat`` (the view is kept by the file's inode, size and modification time, and the
+    writer's atomic replace gives every version a new inode), so a move is seen tens of ms after it."""
+
     def __init__(self, path: str, num_ps: int) -> None:
         self.path = path
         self._num_ps = num_ps
+        self._kept: tuple[tuple[int, int, int], PsView] | None = None
 
     def ps_addresses(self) -> list[str | None]:
         return self.ps_view().addresses
@@ -95,6 +101,10 @@ class FileClusterSource:
     def ps_view(self) -> PsView:
         """The PS addresses and the file's ``version`` (None when the writer gives none)."""
         try:
+            st = os.stat(self.path)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._kept is not None and self._kept[0] == key:
+                return PsView(list(self._kept[1].addresses), self._kept[1].version)
             with open(self.path) as f:
                 cluster = json.load(f)
         except (OSError, ValueError) as exc:
@@ -109,7 +119,8 @@ class FileClusterSource:
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
             raise ConfigError(f"cluster file {self.path!r} has {VERSION_KEY}={version!r}; rule: an integer >= 0, "
                               f"raised at every move; source: {ENV_CLUSTER_FILE}")
-        return PsView([a or None for a in ps], version)
+        self._kept = (key, PsView([a or None for a in ps], version))
+        return PsView(list(self._kept[1].addresses), version)
 
 
 def write_cluster_file(path: str, cluster: Mapping[str, Sequence[str]], version: int | None = None) -> None:

@@ -212,6 +212,28 @@ def test_the_file_source_reads_the_version_the_launcher_writes_beside_the_jobs(t
         FileClusterSource(path, 3).ps_addresses()
 
 
+def test_the_file_source_reads_an_unchanged_file_with_a_stat_and_sees_every_replacement(tmp_path, monkeypatch):
+    """Trainers poll the cluster file every 20 ms (`FileClusterSource.poll_secs`): an unchanged file is not read
+    again, and every version the launcher writes (an atomic replace) is seen at the next poll."""
+    import tf_ecrec.cluster_source as cluster_source
+
+    path = str(tmp_path / "cluster.json")
+    write_cluster_file(path, {"ps": PS}, version=1)
+    source = FileClusterSource(path, 3)
+    assert FailoverLoop(_cluster(), lambda c, config: None, source)._poll == FileClusterSource.poll_secs
+    view = source.ps_view()
+    view.addresses[0] = "mutated by a caller"
+    loads = []
+    real_load = json.load
+    monkeypatch.setattr(cluster_source.json, "load", lambda fh: loads.append(fh.name) or real_load(fh))
+    assert source.ps_view() == cluster_source.PsView(PS, 1) and loads == []  # a stat, no read
+    moved = [PS[0], "127.0.0.1:4001", PS[2]]
+    for version in (2, 3):  # two replacements in a row, as fast as the launcher can write them
+        write_cluster_file(path, {"ps": moved if version == 2 else PS}, version=version)
+        assert source.ps_view() == cluster_source.PsView(moved if version == 2 else PS, version)
+    assert loads == [path, path]
+
+
 def test_a_session_created_before_a_retarget_is_stopped_and_rebuilt():
     """A session still on the old cluster (its PS alive) must not go on after the move: the hook stops it."""
     stops = []
