@@ -42,11 +42,14 @@ under way then), that no PS has a pending row or keeps a saved T0 row.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,7 @@ import tensorflow as tf
 
 import tf_ecrec
 from harness import fold_rounds
+from harness.rig_state import Snapshot
 from tf_ecrec import codec
 from tf_ecrec.embedding import ECContext, device_task, set_context
 from tf_ecrec.errors import RecoveryError
@@ -185,9 +189,45 @@ class Rig:
                 tid: tf.concat([tf.reshape(v.read_value(), [int(v.shape[0]), -1]) for v in t.variables], axis=1)
                 for tid, t in self.data_targets.items()
             }
+            # Every PS's resources at once: a sequence's start on the session it keeps (`session`).
+            self.destroy_all = tf.group(*self.destroy.values())
         self.graph.finalize()
+        self._session: tuple[str, tf.compat.v1.Session] | None = None
         self.program = self.opt.program
         self.fold_round = self.opt.carried_commit.round if batched else None
+
+    def session(self, target: str) -> tf.compat.v1.Session:
+        """An initialised session on `target` on which nothing of an earlier sequence is left.
+
+        The first time, the servers are reset and a session made.  It is kept for the next sequence of this
+        graph, which gets it with every PS resource of the graph destroyed (as if every PS had restarted,
+        which is what a kill in a sequence does to one) and initialised again: a new session would register
+        each of the ~70 distinct calls of a sequence with the servers again, about a third of its time.  A
+        kept session that no longer works (another graph's sequence reset the servers) is replaced.
+        """
+        if self._session is not None and self._session[0] == target:
+            sess = self._session[1]
+            try:
+                sess.run(self.destroy_all)
+                sess.run(self.init)
+                return sess
+            except tf.errors.OpError:
+                self.drop_session()
+        tf.compat.v1.Session.reset(target)
+        sess = tf.compat.v1.Session(target, graph=self.graph)
+        sess.run(self.init)
+        self._session = (target, sess)
+        return sess
+
+    def drop_session(self) -> None:
+        """Closes the kept session (a sequence that ended in an exception may have left calls running)."""
+        if self._session is not None:
+            _, sess = self._session
+            self._session = None
+            try:
+                sess.close()
+            except tf.errors.OpError:  # its master forgot it already (the servers were reset)
+                pass
 
     def read_words(self, sess: tf.compat.v1.Session) -> dict[int, np.ndarray]:
         values = sess.run(self.words)
@@ -298,8 +338,42 @@ class Stats:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+# Rigs kept per process, by their arguments, the most recently used last (`rig_for`).
+_RIGS: collections.OrderedDict[tuple, tuple[Rig, Snapshot]] = collections.OrderedDict()
+RIGS_KEPT = 8
+FRESH_RIGS_ENV = "TF_ECREC_HARNESS_FRESH_RIGS"  # "1": every sequence builds its own graph (to rule the cache out)
+
+
+def rig_for(*args: Any, **kwargs: Any) -> Rig:
+    """A Rig built with these arguments, in the Python state it was built in (`harness.rig_state`).
+
+    The graph of a configuration is built once per process and kept (the last `RIGS_KEPT`); a sequence
+    that asks for it again gets it with every object of ours put back as built.
+    """
+    key = (args, tuple(sorted(kwargs.items())))
+    if os.environ.get(FRESH_RIGS_ENV) == "1":
+        return Rig(*args, **kwargs)
+    if key in _RIGS:
+        _RIGS.move_to_end(key)
+        rig, snapshot = _RIGS[key]
+        snapshot.restore()
+        return rig
+    rig = Rig(*args, **kwargs)
+    # The session outlives the sequences (`Rig.session`), the Python state does not.
+    _RIGS[key] = (rig, Snapshot(rig, graph=rig.graph, keep=("_session",)))
+    while len(_RIGS) > RIGS_KEPT:
+        _RIGS.popitem(last=False)
+    return rig
+
+
+def snapshot_of(rig: Rig) -> Snapshot:
+    """The built state `rig_for` puts `rig` back to (KeyError: a Rig it does not keep)."""
+    return next(snapshot for kept, snapshot in _RIGS.values() if kept is rig)
+
+
 class Sequence:
-    """One seeded failure sequence on a fresh graph (the cluster's resources are reset first)."""
+    """One seeded failure sequence on its configuration's graph (`rig_for`; the cluster's resources are reset
+    first)."""
 
     def __init__(self, target: str, seed: int, k: int = 2, r: int = 1, num_ps: int = 3, workers: int = 3,
                  ticks: int = 800, optimizer: str = "adagrad", reconciler_cls: type | None = None,
@@ -320,8 +394,8 @@ class Sequence:
         self.batched = batched
         self.every = int(self.rng.integers(1, 5))
         self.check_ready = True  # False in a mutation test: rounds commit counted steps whether folded or not
-        self.rig = Rig(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir,
-                       carried=carried, batched=batched)
+        self.rig = rig_for(k, r, num_ps, optimizer, reconciler_cls, background, rebuilder_cls, flash_dir=flash_dir,
+                           carried=carried, batched=batched)
         self.unsettled: set[int] = set()  # steps that wrote and ended without committing, not settled yet
         self.ticks = ticks
         # `atomic`: one worker that is never killed (one writer at a time), and the oracle also checks
@@ -338,13 +412,18 @@ class Sequence:
 
     # ---- running ---------------------------------------------------------------------------
 
-    def start(self) -> tf.compat.v1.Session:
-        """A fresh session on reset servers, initialised, with the oracle's initial states."""
-        tf.compat.v1.Session.reset(self.target)
-        self.sess = tf.compat.v1.Session(self.target, graph=self.rig.graph)
-        self.sess.run(self.rig.init)
+    @contextlib.contextmanager
+    def start(self) -> Iterator[tf.compat.v1.Session]:
+        """With a session on which nothing of an earlier sequence is left (`Rig.session`), initialised, and
+        the oracle's initial states; the session is kept for the graph's next sequence unless this one
+        ends in an exception."""
+        self.sess = self.rig.session(self.target)
         self.oracle = Oracle(self.rig.read_words(self.sess), atomic=self.atomic)
-        return self.sess
+        try:
+            yield self.sess
+        except BaseException:
+            self.rig.drop_session()
+            raise
 
     def run(self, stop: Callable[[Stats], bool] | None = None) -> Stats:
         """Runs up to `ticks` events, then drains the workers and settles; `stop` (given this sequence's

@@ -232,3 +232,26 @@ def test_the_oracle_catches_a_batched_step_committed_before_its_folds(cluster):
         if stats.violations:
             break
     assert stats.violations, "the harness found nothing wrong with committing steps whose folds are missing"
+
+
+def test_a_kept_rig_begins_each_sequence_as_built_and_on_servers_that_hold_nothing_of_the_last(cluster):
+    # The sequences of a configuration share one graph and one session (fault_schedule.rig_for, Rig.session):
+    # each must begin as a fresh graph on reset servers would, or its oracle's claims hold for a state
+    # no fresh start has.
+    first = fault_schedule.Sequence(cluster.target("chief"), 41, k=2, r=1, num_ps=3, ticks=400, background=True)
+    first.run()
+    assert first.stats.steps_ok > 0 and first.stats.background_rebuilds > 0, first.stats
+    snapshot = fault_schedule.snapshot_of(first.rig)
+    assert snapshot.differences(), "the sequence changed no Python state: this test would show nothing"
+    kept = first.rig._session[1]
+    second = fault_schedule.Sequence(cluster.target("chief"), 42, k=2, r=1, num_ps=3, ticks=0, background=True)
+    assert second.rig is first.rig
+    assert snapshot.differences() == []
+    with second.start() as sess:
+        assert sess is kept
+        assert all(sess.run(second.rig.plan._initialized))
+        logs = second.rig.plan.reconciler._snapshots(sess, [0, 1, 2])
+        for p, log in logs.items():
+            assert not log.entries and not len(log.committed) and not len(log.fenced), (p, log)
+            assert not log.settled and not len(log.data_committed) and log.generation == 0, (p, log)
+        assert second.finish_step(0)

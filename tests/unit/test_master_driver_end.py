@@ -7,6 +7,7 @@ Real child processes; the run around them is a stand-in holding only what `Maste
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -22,8 +23,11 @@ from tf_ecrec.launcher.master_driver import MasterDriver
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 
 CLUSTER = {"ps": ("127.0.0.1:1",), "chief": ("127.0.0.1:2",), "worker": ("127.0.0.1:3", "127.0.0.1:4")}
-SLEEPER = "import time\nwhile True: time.sleep(1)"
-DEAF = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
+# Each child says "ready" once its signal dispositions are in place (a fixed sleep was not enough on a
+# loaded machine: SIGTERM reached the deaf one before it ignored it).
+SLEEPER = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(1)"
+DEAF = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\nwhile True: time.sleep(1)"
+READY_SECS = 60.0  # an interpreter's start; the wait ends at the line, not at the deadline
 
 
 class _Watch:
@@ -63,7 +67,11 @@ class _Run:
 
 @pytest.fixture
 def run():
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (SLEEPER, DEAF)]
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for code in (SLEEPER, DEAF)]
+    for proc in procs:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], READY_SECS)
+        assert ready and proc.stdout.readline() == "ready\n", f"a child did not start within {READY_SECS} s"
     tasks = {"chief:0": TaskProcess(ClusterConfig(CLUSTER, "chief", 0), state=TaskState.DONE)}
     for i, proc in enumerate(procs):
         tasks[f"worker:{i}"] = TaskProcess(ClusterConfig(CLUSTER, "worker", i), process=proc, state=TaskState.RUNNING)
@@ -77,7 +85,6 @@ def test_trainers_left_running_after_the_data_and_the_chief_are_done_leave_then_
     monkeypatch.setattr(master_driver, "FINISHED_GRACE_SECS", 0.3)
     monkeypatch.setattr(master_driver, "FINISHED_LEAVE_SECS", 1.0)
     driver = MasterDriver(run, lost=lambda task: pytest.fail(f"{task.name} counted as lost"))
-    time.sleep(0.2)  # the children install their signal handlers
 
     # the data is not finished: nobody is asked anything, however long
     driver.drive(time.time())
