@@ -175,3 +175,49 @@ def test_the_oracle_catches_rounds_that_do_not_wait_for_every_trainer(rig):
 def test_the_oracle_catches_strict_rounds_that_ignore_a_trainer_giving_up(rig):
     result = _run(rig, hook_class=_NoCount, rounds=300, until_caught=True, budget_secs=120.0)
     assert result.violations, result
+
+
+def test_a_ps_lost_with_no_copy_to_go_back_to_takes_the_data_back_to_the_start(cluster, tmp_path):
+    """`FlashRecovery.prepare` with neither a snapshot nor a checkpoint: the first start initialises and
+    owes nothing; a loss after training (one PS, then every PS) initialises and owes the data back to step 0,
+    so the records trained before are trained again instead of being counted while the model forgot them."""
+    from tf_ecrec.flash.stock import FlashRecovery
+    from tf_ecrec.recovery.graph import whole_marker
+    from tf_ecrec.recovery.owed import owed, owed_path
+    from tf_ecrec.recovery.result import RecoveryMethod
+
+    cluster.reset()
+    model_dir = str(tmp_path / "model")
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device("/job:ps/task:0"):
+            step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.device("/job:ps/task:1"):
+            b = tf.compat.v1.get_variable("b", [4], tf.int64, tf.zeros_initializer(), use_resource=True)
+        with tf.control_dependencies([b.assign_add(tf.ones([4], tf.int64))]):
+            train = step.assign_add(1)
+        snapshots = FlashSnapshots(FlashConfig(every_steps=1000, shm_dir=str(tmp_path / "shm")), model_dir, {}, 2, 1)
+        markers = {p: whole_marker(p) for p in range(2)}
+        recovery = FlashRecovery(snapshots, markers, model_dir)
+        lose = {p: tf.group(*[tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True)
+                              for v in [*tf.compat.v1.global_variables(), markers[p]] if v.device.endswith(f"task:{p}")])
+                for p in range(2)}
+    with tf.compat.v1.Session(cluster.target("chief"), graph=graph) as sess:
+        first = recovery.prepare(sess, restore=None)
+        assert first.method is RecoveryMethod.INIT and first.lost_ps == [0, 1] and owed(model_dir) is None
+        for _ in range(5):
+            sess.run(train)
+        sess.run(lose[1])  # one PS lost: PS 0 still holds step 5
+        one = recovery.prepare(sess, restore=None)
+        assert one.method is RecoveryMethod.INIT and one.lost_ps == [1], one
+        debt = owed(model_dir)
+        assert debt is not None and debt.step == 0, debt
+        assert sess.run(step) == 0 and sess.run(b).tolist() == [0] * 4
+        os.remove(owed_path(model_dir))  # paid
+        for _ in range(3):
+            sess.run(train)
+        sess.run([lose[0], lose[1]])  # every PS lost: only the job's started marker tells it had trained
+        every = recovery.prepare(sess, restore=None)
+        assert every.method is RecoveryMethod.INIT and every.lost_ps == [0, 1], every
+        debt = owed(model_dir)
+        assert debt is not None and debt.step == 0, debt

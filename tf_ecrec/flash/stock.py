@@ -14,7 +14,8 @@ optimizers, partitioned or whole variables).  Training is that of a stock PS job
   initialised last; a PS whose marker is missing was lost (or never started).  When one is, every
   variable on every PS is brought back to one global step: from the newest flash snapshot complete
   on every PS (own memory, then the peer's, then the model dir) when it is at least as new as the
-  newest checkpoint, else from the checkpoint, else initialised.  The markers are written last and
+  newest checkpoint, else from the checkpoint, else initialised (if the job had trained by then, its data
+  progress goes back to the start with the model: `FlashRecovery.prepare`).  The markers are written last and
   the other trainers' ready op waits for them on the PS (our ops: PS tasks load ``tf_ecrec.ops``),
   so no step runs on a half-restored model and none waits longer than the restore.  When no
   marker is missing (the chief alone restarted) nothing is restored: the PS hold the live values,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -42,7 +44,7 @@ from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.graph import checkpoint_step, whole_marker
 from tf_ecrec.recovery.owed import owe
-from tf_ecrec.recovery.plan import READY_WAIT_SECS
+from tf_ecrec.recovery.plan import READY_WAIT_SECS, STARTED_MARKER
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
 from tf_ecrec.recovery.scaffold import raising_ready_op
 
@@ -84,6 +86,7 @@ class FlashRecovery:
         if not lost:
             return None
         choice = self.snapshots.choose(sess)
+        trained = False  # set where it matters: initialised with no copy to go back to
         # A restore owes the data rollback to its step before it writes (tf_ecrec.recovery.owed).
         if choice is not None and (restore is None or choice.global_step >= checkpoint_step(self._model_dir)):
             owe(self._model_dir, choice.global_step, "flash checkpoint")
@@ -94,8 +97,19 @@ class FlashRecovery:
             restore()
             method = RecoveryMethod.CHECKPOINT
         else:
+            # No copy to go back to.  If the job had trained (a PS kept its state, or an earlier session
+            # initialised the model: the started marker), initialising throws that training away, so the
+            # data progress goes back to the start with it (owed first, as any restore's): no record the
+            # master counts as trained is missing from the model.  Seen when a PS was lost before the
+            # chief's first round (its sessions cut by their deadline on a loaded machine, the other
+            # trainers training): 250 steps were dropped while their records stayed counted.
+            trained = len(lost) < len(self.markers) or self._started()
+            if trained:
+                owe(self._model_dir, 0, "initial values (no flash snapshot or checkpoint yet)")
             sess.run(self._init, options=self._long)
             method = RecoveryMethod.INIT
+            if not trained:
+                self._mark_started()
         self.snapshots.init_gate(sess)  # trainers read the gate with every step
         sess.run(self._mark, options=self._long)  # last: the other trainers' ready op waits for it
         step = int(sess.run(self._step)) if self._step is not None else None
@@ -103,10 +117,21 @@ class FlashRecovery:
         result = RecoveryResult(method, lost, variables if method is not RecoveryMethod.INIT else 0,
                                 sum(self.snapshots.bytes.values()) if method is not RecoveryMethod.INIT else 0,
                                 time.perf_counter() - started, global_step=step)
-        first_start = len(lost) == len(self.markers) and method is RecoveryMethod.INIT
+        first_start = method is RecoveryMethod.INIT and not trained
         if self._listener is not None and not first_start:
             self._listener(result)
         return result
+
+
+    def _started(self) -> bool:
+        return bool(self._model_dir) and tf.io.gfile.exists(os.path.join(self._model_dir, STARTED_MARKER))
+
+    def _mark_started(self) -> None:
+        """The model was initialised for this job: a later loss with no copy to go back to owes the data."""
+        if self._model_dir:
+            tf.io.gfile.makedirs(self._model_dir)
+            with tf.io.gfile.GFile(os.path.join(self._model_dir, STARTED_MARKER), "w") as fh:
+                fh.write(f"initialised at {time.time():.0f}\n")
 
 
 class FlashSaver(LongDeadlineSaver):

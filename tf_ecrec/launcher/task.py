@@ -107,7 +107,8 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
             sender.send(StatusKind.REBUILDING, lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
                         phases=result.phases)
-        elif result.method in ("parity", "checkpoint", "memory", "disk", "rebuilt"):
+        elif result.method in ("parity", "checkpoint", "memory", "disk", "rebuilt") or (
+                result.method == "init" and result.lost_ps):  # lost PS with no copy: initialised, data owed to 0
             sender.send(
                 StatusKind.RECOVERED,
                 method="parity" if result.method == "rebuilt" else result.method,
