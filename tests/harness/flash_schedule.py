@@ -225,9 +225,11 @@ class FlashSequence(fault_schedule.Sequence):
             self.stats.violations.append(f"seed {self.seed}: lost PS {lost} recovered by {result.method}, "
                                          f"matching snapshots {found}")
             return False
-        epoch = max(found)
-        if epoch != max(known, default=None):
-            self.stats.violations.append(f"seed {self.seed}: restored snapshot {epoch}; complete were {known}")
+        # The model must hold the newest complete snapshot.  Two captures with no step between them hold
+        # the same words, so the model matches both: which one was read is not visible, nor does it matter
+        # (seed 61 with settlement batched: snapshots 3 and 4 alike, 4 cut before its manifests).
+        if max(known, default=None) not in found:
+            self.stats.violations.append(f"seed {self.seed}: restored snapshot {max(found)}; complete were {known}")
         self.flash.memory_restores += 1
         self._check_parity("memory restore")
         # From here the model is the snapshot: the oracle restarts from it, earlier OK steps are rolled back.

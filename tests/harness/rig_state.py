@@ -82,6 +82,7 @@ class Snapshot:
             stack += [graph.get_collection(key) for key in graph.get_all_collection_keys()]
         seen: set[int] = set()
         self._objects: list[tuple[Any, dict[str, Any]]] = []
+        self._classes: list[tuple[Any, type]] = []  # a test may swap an object's class for a broken one
         self._containers: list[tuple[Any, Any]] = []
         self._events: list[tuple[threading.Event, bool]] = []
         self._keep: list[Any] = []  # what the ids in `seen` refer to stays alive
@@ -99,6 +100,7 @@ class Snapshot:
                 self._containers.append((value, [_copy(v) for v in value]))
             elif _ours(value, modules):
                 self._objects.append((value, {k: _copy(v) for k, v in _attributes(value).items() if k not in self._keep_names}))
+                self._classes.append((value, type(value)))
             else:
                 continue
             stack.extend(_children(value, modules))
@@ -117,7 +119,7 @@ class Snapshot:
                 return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.tobytes() == b.tobytes()
             return a is b or (type(a) is type(b) and isinstance(a, (int, float, str, bytes, bool)) and a == b)
 
-        found = []
+        found = [f"{type(o).__name__} (built as {cls.__name__})" for o, cls in self._classes if type(o) is not cls]
         for obj, attributes in self._objects:
             current = {k: v for k, v in _attributes(obj).items() if k not in self._keep_names}
             name = type(obj).__name__
@@ -137,6 +139,9 @@ class Snapshot:
         return found
 
     def restore(self) -> None:
+        for obj, cls in self._classes:
+            if type(obj) is not cls:
+                obj.__class__ = cls
         for obj, attributes in self._objects:
             current = {k: v for k, v in _attributes(obj).items() if k not in self._keep_names}
             for name in current.keys() - attributes.keys():

@@ -95,3 +95,32 @@ def test_with_shared_memory_gone_the_restore_reads_the_disk_tier(cluster, tmp_pa
         assert all(np.array_equal(values[t], captured[t]) for t in captured)
         seq._check_parity("disk restore")
         assert seq.stats.violations == []
+
+
+class _OldestSnapshot(FlashSnapshots):
+    """Broken on purpose: restores the oldest snapshot complete on every PS, not the newest."""
+
+    def choose(self, sess):
+        from tf_ecrec.flash.config import choose
+
+        found = self.find(sess)
+        for epoch in sorted({c.manifest.epoch for c in found}):
+            picked = choose([c for c in found if c.manifest.epoch == epoch], self.num_ps, self.names)
+            if picked is not None:
+                return picked
+        return None
+
+
+def test_the_oracle_catches_a_restore_of_an_older_snapshot_than_the_newest_complete(cluster, tmp_path):
+    class Broken(flash_schedule.FlashSequence):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rig.flash.__class__ = _OldestSnapshot
+
+    found = []
+    for seed in range(40, 46):
+        seq = Broken(cluster.target("chief"), seed, str(tmp_path / f"o{seed}"), k=2, r=1, num_ps=3, ticks=600)
+        found += seq.run(stop=lambda current: bool(current.violations)).violations
+        if found:
+            break
+    assert any("restored snapshot" in v for v in found), found[:3]

@@ -21,6 +21,10 @@ class _Counter:
         self.stop = threading.Event()
 
 
+class _BrokenCounter(_Counter):
+    pass
+
+
 class _Slotted:
     __slots__ = ("value",)
 
@@ -56,6 +60,7 @@ def _run_a_sequence(root: _Root) -> None:
     root.slotted.value = 2
     root.frozen.inner.count = 4  # behind a frozen dataclass
     root.frozen.names.append("y")
+    root.counter.__class__ = _BrokenCounter  # a mutation test's broken object
 
 
 def test_a_restore_puts_back_every_change_a_sequence_makes_in_place():
@@ -67,6 +72,7 @@ def test_a_restore_puts_back_every_change_a_sequence_makes_in_place():
     assert len(changed) >= 10, changed
     snapshot.restore()
     assert snapshot.differences() == []
+    assert type(root.counter) is _Counter
     assert root.counter.count == 0 and held == [] and root.counter.seen is held
     assert root.counter.by_name == {"a": 1} and root.counter.ids == {1} and not hasattr(root.counter, "job")
     assert root.counter.words.tolist() == [0, 0, 0, 0] and not root.counter.stop.is_set()
