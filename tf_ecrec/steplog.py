@@ -53,6 +53,21 @@ def feeds(*pairs: tuple[Any, Any]) -> Any:
     return dict(pairs)
 
 
+def _calls(sess: Any, entries: Sequence[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+    """`entries` ((target, feeds) each) grouped into session calls of at most one entry per target, a
+    target's in the order given; one per call where a distinct call costs a trace (`FunctionSession`)."""
+    if not getattr(sess, "batches_settlement", True):
+        return [[entry] for entry in entries]
+    calls: list[list[tuple[int, Any]]] = []
+    depth: dict[int, int] = {}
+    for entry in entries:
+        i = depth[entry[0]] = depth.get(entry[0], -1) + 1
+        if i == len(calls):
+            calls.append([])
+        calls[i].append(entry)
+    return calls
+
+
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
 
 
@@ -79,12 +94,6 @@ class Reconciler(StaleSteps):
         with tf.name_scope("ec_reconcile"):
             self._sids = tf.compat.v1.placeholder(tf.int64, [None], name="sids")
             self._sid = tf.compat.v1.placeholder(tf.int64, [], name="sid")
-            self._seq = tf.compat.v1.placeholder(tf.int64, [], name="seq")
-            self._source = tf.compat.v1.placeholder(tf.int32, [], name="source")
-            self._source_seq = tf.compat.v1.placeholder(tf.int64, [], name="source_seq")
-            self._rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
-            self._delta = tf.compat.v1.placeholder(tf.int32, [None, None], name="delta")
-            self._coef = tf.compat.v1.placeholder(tf.int32, [], name="coef")
             self._generation = tf.compat.v1.placeholder(tf.int64, [], name="generation")
             self._read, self._pending, self._fence, self._round1, self._round2, self._setgen = {}, {}, {}, {}, {}, {}
             for p, log in sorted(logs.items()):
@@ -96,14 +105,25 @@ class Reconciler(StaleSteps):
                     self._round2[p] = ec_ops.delta_log_commit(log, self._sids, bypass_fence=True)
                     self._setgen[p] = ec_ops.delta_log_set_generation(log, self._generation)
             self._undo, self._fold, self._add = {}, {}, {}
+            # Each target's undo and fold have feeds of their own, so that one session call acts on many.
+            self._seq_of: dict[int, Any] = {}
+            self._fold_feeds: dict[int, tuple[Any, ...]] = {}  # rows, delta, coef, source, source_seq
             for tid, t in sorted(self.targets.items()):
                 log = logs[t.ps]
                 with tf.device(log.device):
-                    self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq, tid, ordered=t.ordered)
+                    self._seq_of[tid] = tf.compat.v1.placeholder(tf.int64, [], name=f"seq_{tid}")
+                    self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq_of[tid], tid, ordered=t.ordered)
                     if t.kind in (TargetKind.PARITY, TargetKind.REPLICA):
+                        rows, delta, coef, source, source_seq = self._fold_feeds[tid] = (
+                            tf.compat.v1.placeholder(tf.int64, [None], name=f"rows_{tid}"),
+                            tf.compat.v1.placeholder(tf.int32, [None, None], name=f"delta_{tid}"),
+                            tf.compat.v1.placeholder(tf.int32, [], name=f"coef_{tid}"),
+                            tf.compat.v1.placeholder(tf.int32, [], name=f"source_{tid}"),
+                            tf.compat.v1.placeholder(tf.int64, [], name=f"source_seq_{tid}"),
+                        )
                         self._fold[tid] = ec_ops.parity_update(
-                            t.variables[0], self._rows, self._delta, coef=self._coef, log=log, sid=self._sid,
-                            target=tid, source=self._source, source_seq=self._source_seq, bypass_fence=True, dedupe=True,
+                            t.variables[0], rows, delta, coef=coef, log=log, sid=self._sid, target=tid,
+                            source=source, source_seq=source_seq, bypass_fence=True, dedupe=True,
                         )
                     if t.kind == TargetKind.COUNTER:
                         var = t.variables[0]
@@ -280,10 +300,9 @@ class Reconciler(StaleSteps):
                 if e.sid in round2:
                     top = max(top, e.source_seq)
             tops[source] = top
-            for _p, e in sorted(folds, key=lambda pe: -pe[1].seq):
-                if e.source_seq > top:
-                    sess.run(self._undo[e.target], feeds((self._seq, e.seq)))
-                    undone += 1
+            above = [(e.target, e.seq) for _p, e in sorted(folds, key=lambda pe: -pe[1].seq) if e.source_seq > top]
+            self._undo_all(sess, above)
+            undone += len(above)
         return undone, tops
 
     def _settle_step(
@@ -297,24 +316,32 @@ class Reconciler(StaleSteps):
         # step that another overtook on one variable is not undone on the others.
         keep = keep or not all(self._undoable(snaps[p], e) for p, e in applies)
         all_undone = not keep
-        for _p, e in applies:
-            folds = [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
-            if not keep and self._undo_apply(sess, e, folds):
+        folds_of = {e.target: [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
+                    for _p, e in applies}
+        if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
+                                            [(e.target, e.seq) for _p, e in applies]):
+            applies = []  # every apply undone, each after its folds
+        if keep and applies:
+            self._fold_all(sess, sid, [f for _p, e in applies for f in self._folds_to_finish(e, alive)])
+            all_undone, applies = False, []  # every apply finished
+        for _p, e in applies:  # one at a time: each undone where it still can be, else finished
+            if not keep and self._undo_apply(sess, e, folds_of[e.target]):
                 continue
             all_undone = False
-            self._finish_apply(sess, sid, e, alive)
+            self._fold_all(sess, sid, self._folds_to_finish(e, alive))
         counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
         if not counts:
             return all_undone
         if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):
-            if all([self._undo_apply(sess, e, []) for _, e in counts]):  # noqa: C419 (every undo runs)
+            if self._undo_together(sess, [], [(e.target, e.seq) for _, e in counts]) or all(
+                [self._undo_apply(sess, e, []) for _, e in counts]  # noqa: C419 (every undo runs)
+            ):
                 return True
         # Counted on every copy (the missing increments made, deduplicated): the step was finished, or
         # it was undone but another step counted after it (the global step then runs one ahead of the
         # whole steps; every variable still holds whole updates only, and the copies agree).
-        for tid, t in sorted(self.targets.items()):
-            if t.kind == TargetKind.COUNTER and t.ps in alive:
-                sess.run(self._add[tid], feeds((self._sid, sid)))
+        if adds := [self._add[tid] for tid, t in sorted(self.targets.items()) if t.kind == TargetKind.COUNTER and t.ps in alive]:
+            sess.run(adds, feeds((self._sid, sid)))
         return all_undone
 
     @staticmethod
@@ -324,25 +351,44 @@ class Reconciler(StaleSteps):
         return not any(o.target == e.target and o.seq > e.seq for o in snap.entries)
 
     def _undo_apply(self, sess: tf.compat.v1.Session, e: ec_ops.DeltaLogEntry, folds: list[tuple[int, Any]]) -> bool:
-        for _, f in folds:
-            sess.run(self._undo[f.target], feeds((self._seq, f.seq)))
+        self._undo_all(sess, [(f.target, f.seq) for _, f in folds])
         try:
-            sess.run(self._undo[e.target], feeds((self._seq, e.seq)))
+            self._undo_all(sess, [(e.target, e.seq)])
             return True
         except tf.errors.FailedPreconditionError:
             return False  # a later update of the variable came in meanwhile: finish instead
 
-    def _finish_apply(self, sess: tf.compat.v1.Session, sid: int, e: ec_ops.DeltaLogEntry, alive: list[int]) -> None:
-        for target, rows, delta, coef in self._expected(e.target, e.rows, e.delta):
-            if self.targets[target].ps not in alive:
-                continue  # a lost parity is re-encoded from the data anyway
-            sess.run(
-                self._fold[target],
-                feeds(
-                    (self._rows, rows), (self._delta, delta), (self._coef, coef), (self._sid, sid),
-                    (self._source, e.target), (self._source_seq, e.seq),
-                ),
-            )
+    def _undo_together(self, sess: tf.compat.v1.Session, folds: list[tuple[int, int]], applies: list[tuple[int, int]]) -> bool:
+        """Undoes a step's `folds`, then its `applies` ((target, seq) each), in a few session calls; False if
+        an apply could not be undone (a later update of its variable came in): then some may have been, and
+        the caller goes on one apply at a time (an undo of an entry no longer there does nothing)."""
+        self._undo_all(sess, folds)
+        try:
+            self._undo_all(sess, applies)
+            return True
+        except tf.errors.FailedPreconditionError:
+            return False
+
+    def _undo_all(self, sess: tf.compat.v1.Session, entries: Sequence[tuple[int, int]]) -> None:
+        """Undoes the log entries `entries` ((target, seq); a target's in the order to undo them) in as few
+        session calls as their targets allow, each undoing at most one entry of a target: a session call
+        costs a round trip, and a settlement undoes tens of entries per step in flight (the recovery's
+        settle phase).  Raises as the undo that fails does; entries of earlier calls stay undone."""
+        for wave in _calls(sess, entries):
+            sess.run([self._undo[t] for t, _ in wave], feeds(*((self._seq_of[t], seq) for t, seq in wave)))
+
+    def _folds_to_finish(self, e: ec_ops.DeltaLogEntry, alive: list[int]) -> list[tuple[int, tuple[Any, ...]]]:
+        """The folds that finish apply `e` on the alive PS tasks: (target, (rows, delta, coef, source, source_seq))
+        each; a lost parity is re-encoded from the data anyway.  Already there, a fold is not made twice."""
+        return [(target, (rows, delta, coef, e.target, e.seq))
+                for target, rows, delta, coef in self._expected(e.target, e.rows, e.delta) if self.targets[target].ps in alive]
+
+    def _fold_all(self, sess: tf.compat.v1.Session, sid: int, folds: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """Makes step `sid`'s `folds` (from `_folds_to_finish`), one of a target per session call (a fold is
+        commutative, and a replica has one source)."""
+        for wave in _calls(sess, folds):
+            pairs = [(self._sid, sid)] + [pair for t, values in wave for pair in zip(self._fold_feeds[t], values)]
+            sess.run([self._fold[t] for t, _ in wave], feeds(*pairs))
 
     def _on_every(self, sess: tf.compat.v1.Session, ops: dict[int, Any], alive: list[int], sids: Sequence[int]) -> None:
         """Runs the per-log op `ops[p]` for `sids` on every alive log in one session call (a new session

@@ -22,6 +22,8 @@ from harness.fault_schedule import InjectedCrash, Sequence, _CrashingSession
 from integration.test_fault_schedule import _NoRollback, _UndoUncountedFoldsOfLostSources
 from integration.tf_cluster import tf_cluster
 
+from tf_ecrec.step_program import TargetKind
+
 cluster = tf_cluster(num_ps=4)
 
 _RANK = {"apply": 0, "fold": 1, "count": 2, "round1": 3, "round2": 4}
@@ -125,7 +127,7 @@ def test_case3_a_step_fenced_by_settlement_fails_at_commit_and_is_not_acknowledg
     assert seq.stats.violations == []
 
 
-@pytest.mark.parametrize("crash_after", [0, 4, 9, 13])
+@pytest.mark.parametrize("crash_after", [0, 4, 8, 11])  # of its 12 calls (a call fewer: the test fails)
 def test_case4_settlement_cut_anywhere_and_run_again_gives_the_same_result(cluster, crash_after):
     seq = Sequence(cluster.target("chief"), 29, k=2, r=2, num_ps=4, workers=2, ticks=0)
     with seq.start():
@@ -143,6 +145,44 @@ def test_case4_settlement_cut_anywhere_and_run_again_gives_the_same_result(clust
         step = seq.sess.run(seq.rig.variables[seq.rig.step_name])
     assert seq.stats.violations == []
     assert step == 5  # four committed steps and the finished one, each counted once
+
+
+class _DiesBeforeFoldUndo(_CrashingSession):
+    """Passes calls through until the first that undoes a fold (an undo on a parity or replica), and dies
+    instead of running it."""
+
+    def __init__(self, sess: tf.compat.v1.Session, fold_undos: set) -> None:
+        super().__init__(sess, after=1 << 30)
+        self._fold_undos = fold_undos
+
+    def run(self, fetches, feed_dict=None, **kwargs):
+        if any(f in self._fold_undos for f in tf.nest.flatten(fetches)):
+            raise InjectedCrash()
+        return super().run(fetches, feed_dict, **kwargs)
+
+
+def test_a_step_undone_in_batched_calls_keeps_its_folds_until_its_applies_are_undone_too(cluster):
+    """Settlement undoes a cut step's entries many to a session call (`Reconciler._undo_together`): its folds
+    first, then its applies.  A chief that dies just before its first fold undo leaves a rerun that undoes the
+    step whole; the other order would leave folds of applies no log holds any more, which the rerun commits
+    into parity (the mutation check: swap the two calls and this test fails)."""
+    seq = Sequence(cluster.target("chief"), 43, k=2, r=1, num_ps=3, workers=2, ticks=0)
+    with seq.start():
+        assert seq.finish_step(0) and seq.finish_step(1)
+        _phased(seq, 0)
+        seq.run_until(0, "count")  # applied and folded everywhere, not counted: settlement undoes it
+        seq.workers[0].step = None
+        rec = seq.rig.plan.reconciler
+        fold_undos = {rec._undo[t] for t, target in rec.targets.items() if target.kind in (TargetKind.PARITY, TargetKind.REPLICA)}
+        with pytest.raises(InjectedCrash):
+            seq.rig.plan.prepare(_DiesBeforeFoldUndo(seq.sess, fold_undos), restore=None)
+        report = seq.rig.plan.settle(seq.sess)
+        seq._check("after the rerun")
+        seq._check_parity("after the rerun")
+        step = seq.sess.run(seq.rig.variables[seq.rig.step_name])
+    assert report.undone == 1, report
+    assert seq.stats.violations == []
+    assert step == 2  # the two committed steps; the cut one undone
 
 
 def test_case6_a_trainer_of_an_older_generation_changes_nothing(cluster):

@@ -27,6 +27,10 @@ class FunctionSession:
       built: what `build` returned (e.g. the Reconciler whose ops the graph holds).
     """
 
+    batches_settlement = False
+    """Settlement undoes entries one per call here: each distinct (fetches, feeds) is a function pruned and
+    traced anew, where a v1 session only registers a graph (`tf_ecrec.steplog.Reconciler._undo_together`)."""
+
     def __init__(self, build: Callable[[], T]) -> None:
         box: list[Any] = []
 
