@@ -49,19 +49,25 @@ class _CaptureIgnoringLogs(FlashSnapshots):
         return int(before.get("step", 0))
 
 
-def test_the_oracle_catches_a_capture_that_ignores_steps_in_flight(cluster, tmp_path):
+def _violations_with(broken: type, target: str, seeds, tmp_path) -> list[str]:
+    """The violations of the first seed that finds any, with the Rig's `FlashSnapshots` of class `broken`."""
+
     class Broken(flash_schedule.FlashSequence):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.rig.flash.__class__ = _CaptureIgnoringLogs
+            self.rig.flash.__class__ = broken
 
-    found = []
-    for seed in (31, 32, 33):
-        seq = Broken(cluster.target("chief"), seed, str(tmp_path / f"b{seed}"), k=2, r=1, num_ps=3, ticks=600)
+    for seed in seeds:
+        seq = Broken(target, seed, str(tmp_path / f"b{seed}"), k=2, r=1, num_ps=3, ticks=600)
         # Its events stop at the first violation (then it drains, settles and is checked): one is the proof.
-        found += seq.run(stop=lambda current: bool(current.violations)).violations
+        found = seq.run(stop=lambda current: bool(current.violations)).violations
         if found:
-            break
+            return found
+    return []
+
+
+def test_the_oracle_catches_a_capture_that_ignores_steps_in_flight(cluster, tmp_path):
+    found = _violations_with(_CaptureIgnoringLogs, cluster.target("chief"), (31, 32, 33), tmp_path)
     assert any("was accepted while steps" in v for v in found), found[:3]
 
 
@@ -112,15 +118,5 @@ class _OldestSnapshot(FlashSnapshots):
 
 
 def test_the_oracle_catches_a_restore_of_an_older_snapshot_than_the_newest_complete(cluster, tmp_path):
-    class Broken(flash_schedule.FlashSequence):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.rig.flash.__class__ = _OldestSnapshot
-
-    found = []
-    for seed in range(40, 46):
-        seq = Broken(cluster.target("chief"), seed, str(tmp_path / f"o{seed}"), k=2, r=1, num_ps=3, ticks=600)
-        found += seq.run(stop=lambda current: bool(current.violations)).violations
-        if found:
-            break
+    found = _violations_with(_OldestSnapshot, cluster.target("chief"), range(40, 46), tmp_path)
     assert any("restored snapshot" in v for v in found), found[:3]
