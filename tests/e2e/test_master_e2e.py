@@ -33,7 +33,7 @@ RECORDS = 800 * 128
 @pytest.fixture(scope="module")
 def zookeeper(tmp_path_factory):
     if not os.path.exists(ZOOKEEPER_JAR) or shutil.which("java") is None:
-        pytest.skip(f"ZooKeeper not installed ({ZOOKEEPER_JAR} and java needed; Debian package 'zookeeper')")
+        pytest.fail(f"ZooKeeper not installed ({ZOOKEEPER_JAR} and java needed; Debian package 'zookeeper')")
     server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper")))
     server.start()
     yield server

@@ -47,7 +47,7 @@ HELD_CALLS = frozenset(f"/tensorflow.WorkerService/{m}" for m in (
 def net():
     reason = unavailable()
     if reason is not None:
-        pytest.skip(reason)
+        pytest.fail(f"network namespaces unavailable: {reason} (tests/setup_machine.sh installs iproute2; run as root)")
     with hosts(["a", "b", "c", "d", "probe"]) as network:
         yield network
 

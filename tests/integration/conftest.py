@@ -117,9 +117,9 @@ class ZooKeeperServer:
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """A running ZooKeeper for the whole session (skipped if not installed)."""
+    """A running ZooKeeper for the whole session (the test fails if it is not installed: nothing is skipped)."""
     if not os.path.exists(ZOOKEEPER_JAR) or shutil.which("java") is None:
-        pytest.skip(f"ZooKeeper not installed ({ZOOKEEPER_JAR} and java needed; "
+        pytest.fail(f"ZooKeeper not installed ({ZOOKEEPER_JAR} and java needed; "
                     "Debian package 'zookeeper')")
     server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper")))
     server.start()

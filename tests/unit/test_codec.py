@@ -7,12 +7,11 @@ import itertools
 
 import numpy as np
 import pytest
+from pyeclib import ec_iface as pyeclib_iface
 
 from tf_ecrec import codec, gf16
 from tf_ecrec.codec import Code, decode, encode
 from tf_ecrec.errors import CodecError, ConfigError, ReconstructionError
-
-pyeclib_iface = pytest.importorskip("pyeclib.ec_iface")
 
 HEADER = codec.PYECLIB_HEADER_BYTES
 DECODE_CODES = [(2, 1), (3, 1), (4, 1), (2, 2), (4, 2), (3, 3)]
