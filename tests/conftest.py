@@ -47,6 +47,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With ``TF_ECREC_TEST_CPU=PREFIX``, one JSON line per test in ``PREFIX.<xdist worker>.jsonl``: its
+    CPU seconds (this process and everything under it, `harness.tree_cpu`), its wall seconds, its node id."""
+    prefix = os.environ.get("TF_ECREC_TEST_CPU")
+    if not prefix:
+        yield
+        return
+    import json  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    from harness.tree_cpu import tree_cpu  # pylint: disable=import-outside-toplevel
+
+    cpu, wall = tree_cpu(os.getpid()), time.monotonic()
+    yield
+    record = {"test": item.nodeid, "cpu": round(tree_cpu(os.getpid()) - cpu, 2),
+              "wall": round(time.monotonic() - wall, 2)}
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{prefix}.{worker}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
 def cli(*args: str, timeout: float = 600, cwd: str | None = None, env: dict | None = None,
         plot: bool = False) -> subprocess.CompletedProcess:
     """Runs ``tf-ecrec ARGS`` (as ``python -m tf_ecrec.cli``, forked from the session's fork server,

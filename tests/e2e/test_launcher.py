@@ -199,29 +199,3 @@ def test_a_ps_that_never_comes_back_is_named_by_every_trainer_which_gives_up_aft
 def _log_time(stamp: str) -> float:
     """Seconds since the epoch of a log record's ``YYYY-MM-DD HH:MM:SS,mmm`` stamp (the task's logging format)."""
     return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def test_a_hung_ps_is_killed_once_silent_and_rebuilt_while_every_trainer_comes_back(tmp_path):
-    """Issue 33, item 3: a PS frozen by SIGSTOP (a live process with an open port, answering nothing) is killed
-    by the launcher once it answered its probe nothing for --ps-hang-secs (on by default: 4 s), its role given
-    to the spare (its replacement would come only after 20 s, a rescheduled pod), and rebuilt from parity like a
-    killed one; every trainer trains again after it."""
-    model_dir = str(tmp_path / "hung")
-    result = cli("run", "--model-dir", model_dir, "--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3",
-                 "--workers", "2", "--steps", "500", "--inject", "hang:ps:1@step=150", "--spare-ps", "1",
-                 "--restart-delay", "20", *SMALL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = _report(model_dir)
-    (silent,) = [e for e in report["exits"] if e["kind"] == "hang"]
-    assert silent["task"] == "ps:1" and "--ps-hang-secs 4" in silent["detail"], report["exits"]
-    seconds = float(re.search(r"answered nothing for ([\d.]+) s", silent["detail"]).group(1))
-    assert seconds >= 4, silent  # killed for its silence, not before
-    moves = [(e["task"], e["spare"]) for e in report["events"] if e["kind"] == "move"]
-    assert moves == [("ps:1", "spare:0")], report["events"]  # the spare took the role: no wait for a restart
-    assert not [e for e in report["events"] if e["kind"] == "restart"], report["events"]
-    (rec,) = report["recovery"]
-    assert rec["task"] == "ps:1" and rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
-    for task, cost in rec["trainers"].items():  # every trainer, from its own step datagrams
-        assert cost["records_after"] > 0, (task, cost)
-    assert report["parity"]["mismatches"] == 0 and report["global_step"] >= 500
-    print(f"ps:1 killed {seconds:.1f} s after its last answer; {rec['training_seconds_lost']} training s lost")
