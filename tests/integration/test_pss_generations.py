@@ -48,10 +48,10 @@ def _admitted(recovery: Any) -> list[int]:
 
 
 def _schedule(rng: np.random.Generator) -> list[str]:
-    """The first failure recovered by the first object; then every kind once and two drawn, in a drawn
+    """The first failure recovered by the first object; then every kind once and one drawn, in a drawn
     order (so that a new object always meets logs a recovery raised, and a checkpoint exists before
     the first restore from one)."""
-    return ["same", *(str(k) for k in rng.permutation([*KINDS, *rng.choice(KINDS, size=2)]))]
+    return ["same", *(str(k) for k in rng.permutation([*KINDS, *rng.choice(KINDS, size=1)]))]
 
 
 def generated_case(seed: int = SEED, counts_its_own: bool = False) -> None:
