@@ -8,6 +8,9 @@ A process's figure is its own user and system time plus what its children that i
 took (the kernel's ``cutime`` and ``cstime``), summed over the live processes under it.  So a task
 of a launched job counts while it runs and, once its launcher has reaped it, inside the launcher's
 figure; what a process reaped by init took (its parent died first) is not counted.
+
+    TF_ECREC_TEST_CPU=/tmp/cpu python -m pytest -q tests
+    python tests/harness/tree_cpu.py /tmp/cpu       # by tier, by module, the heaviest tests
 """
 
 from __future__ import annotations
@@ -47,3 +50,33 @@ def tree_cpu(root: int) -> float:
             total += cpu.get(pid, 0.0)
             stack.extend(children.get(pid, []))
     return total
+
+
+def summary(prefix: str, top: int = 25) -> str:
+    """The records ``PREFIX.*.jsonl`` summed by tier and by module, and the `top` tests, by CPU seconds."""
+    import collections
+    import glob
+    import json
+
+    records: list[dict] = []
+    for path in sorted(glob.glob(f"{prefix}.*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            records.extend(json.loads(line) for line in fh if line.strip())
+    tiers: collections.Counter[str] = collections.Counter()
+    modules: collections.Counter[str] = collections.Counter()
+    for r in records:
+        module = r["test"].split("::")[0]
+        tiers[module.split("/")[1] if module.count("/") > 1 else module] += r["cpu"]
+        modules[module] += r["cpu"]
+    lines = [f"{len(records)} tests, {sum(tiers.values()):,.0f} CPU-s: "
+             + ", ".join(f"{t} {s:,.0f}" for t, s in tiers.most_common())]
+    lines += [f"{s:8.1f}  {m}" for m, s in modules.most_common(top)]
+    lines += [f"{r['cpu']:8.1f}  {r['wall']:7.1f} s  {r['test']}"
+              for r in sorted(records, key=lambda r: -r["cpu"])[:top]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(summary(sys.argv[1]))
