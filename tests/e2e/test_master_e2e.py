@@ -1,6 +1,6 @@
 """End to end with the job master: ``tf-ecrec run`` with dynamic sharding, killed tasks, a killed master, ZooKeeper.
 
-Every run trains a small DLRM on 800 steps' worth of synthetic records in
+Every run trains a small DLRM on 800 steps' worth of synthetic records (the join/leave run 1,200) in
 shards of 4 batches; the report's ``data`` section comes from the master.
 The ZooKeeper runs use a real server (the Debian ``zookeeper`` package's jar,
 as in ``tests/integration``), started once for this module.
