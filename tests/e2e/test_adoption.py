@@ -71,7 +71,8 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
     script = [sys.executable, os.path.join(SCRIPTS, "deepfm_protected.py"), "--data_dir", data_dir,
               "--model_dir", model_dir, "--feature_size", str(FEATURES), "--field_size", str(FIELDS),
               "--max_steps", "800", "--num_epochs", "20", "--save_checkpoints_steps", "100000"]
-    job = ProcessCluster(script, {"ps": 2, "chief": 1, "worker": 1, "evaluator": 1}, str(tmp_path / "logs"), fork=True)
+    job = ProcessCluster(script, {"ps": 2, "chief": 1, "worker": 1, "evaluator": 1}, str(tmp_path / "logs"),
+                         fork=True)
     try:
         job.start_all()
         killed_at = job.wait_for_step(300)
@@ -151,19 +152,20 @@ def _forked_cli_in(cwd, *args):
 
 def test_a_model_module_that_breaks_the_contract_stops_the_launch_with_its_name(tmp_path):
     # Four launches that fail, forked from the fork server: no TensorFlow import apiece.
+    run = str(tmp_path / "m")
     (tmp_path / "no_model_fn.py").write_text("def default_params(**flags):\n    return flags\n")
-    done = _forked_cli_in(str(tmp_path), "run", "--model", "no_model_fn", "--model-dir", str(tmp_path / "m"), "--quiet")
+    done = _forked_cli_in(str(tmp_path), "run", "--model", "no_model_fn", "--model-dir", run, "--quiet")
     assert done.returncode == 2 and "module 'no_model_fn' has no callable model_fn" in done.stderr, done.stderr[-2000:]
-    missing = _forked_cli_in(str(tmp_path), "run", "--model", "not_a_module_here", "--model-dir", str(tmp_path / "m"), "--quiet")
+    missing = _forked_cli_in(str(tmp_path), "run", "--model", "not_a_module_here", "--model-dir", run, "--quiet")
     assert missing.returncode == 2 and "cannot import module 'not_a_module_here'" in missing.stderr, missing.stderr[-2000:]
-    bad = _forked_cli_in(str(tmp_path), "run", "--model", "my-model", "--model-dir", str(tmp_path / "m"), "--quiet")
+    bad = _forked_cli_in(str(tmp_path), "run", "--model", "my-model", "--model-dir", run, "--quiet")
     assert bad.returncode == 2 and "nor a module path" in bad.stderr, bad.stderr[-2000:]
     # A model_fn that raises: the chief dies of it, and the launcher names the exception, not the gRPC noise after it.
     (tmp_path / "raising_model.py").write_text(
         "from tf_ecrec.examples.dlrm import default_params  # noqa: F401\n\n\n"
         "def model_fn(features, labels, mode, params):\n    raise RuntimeError('this model_fn breaks')\n")
-    broke = _forked_cli_in(str(tmp_path), "run", "--model", "raising_model", "--model-dir", str(tmp_path / "r"), "--ps", "1",
-                    "--workers", "1", "--steps", "20", "--fault-tolerance", "none", "--quiet")
+    broke = _forked_cli_in(str(tmp_path), "run", "--model", "raising_model", "--model-dir", str(tmp_path / "r"),
+                           "--ps", "1", "--workers", "1", "--steps", "20", "--fault-tolerance", "none", "--quiet")
     assert broke.returncode == 1 and "exited with code 1; it raised (its log: " in broke.stderr, broke.stderr[-3000:]
     assert "Traceback (most recent call last):" in broke.stderr, broke.stderr[-3000:]
     assert "RuntimeError: this model_fn breaks" in broke.stderr, broke.stderr[-3000:]
