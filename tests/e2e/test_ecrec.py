@@ -5,7 +5,6 @@ import os
 import re
 
 from conftest import cli
-from harness.parity_kills import assert_rebuilt_by_parity_to_the_same_bytes
 from harness.records import assert_every_record_in_model
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
@@ -72,19 +71,6 @@ def test_more_lost_ps_than_the_code_covers_falls_back_to_the_checkpoint(tmp_path
     assert report["recovery"][0]["steps_rolled_back"] > 0
     assert "by checkpoint" in err
     _assert_parity_exact(report, stripes=3)  # re-encoded after the restore
-
-
-def test_deterministic_runs_with_the_last_ps_killed_end_with_the_same_bytes(tmp_path):
-    """3+1 on 4 PS, the last PS killed (each PS holds data and parity; the others are killed in the flash and
-    sequence tests): rebuilt from parity, nothing rolled back, no checkpoint read, the no-failure run's bytes.
-    The 2+1 case (two PS moved to new ports) is `test_failpoints`', beside the failpoint runs whose
-    no-failure run it shares."""
-    args = ["--ec", "3+1", "--ps", "4", "--workers", "1", "--steps", "240", "--deterministic"]
-    reference, _ = _run(tmp_path / "ref", *args)
-    report, err = _run(tmp_path / "kill", *args, "--kill", "ps:3@step=150", "--restart-delay", "1")
-    assert_rebuilt_by_parity_to_the_same_bytes(report, err, reference["variables_sha256"], (3,),
-                                               str(tmp_path / "kill"), moved=False)
-    _assert_parity_exact(report, stripes=4)
 
 
 def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(tmp_path):

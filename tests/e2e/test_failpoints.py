@@ -10,7 +10,9 @@ overtook it), rebuilds what was lost, and the job ends with the same bytes in
 every variable as the same job with no failure, and exact parity.  Every
 point is cut once; two jobs (PS side, worker side) rather than one per point
 keep the test command's launches down.  Two PS moved to new ports by SIGKILL
-share the same no-failure run.
+share the same no-failure run.  The code is 3+1 on 4 PS (every PS holds data
+of some stripes and the parity of others; 2+1 and 2+2 are the other modules'
+codes), and the last PS is among those cut and moved.
 """
 
 import json
@@ -20,7 +22,7 @@ import pytest
 from conftest import cli
 from harness.parity_kills import assert_rebuilt_by_parity_to_the_same_bytes
 
-ARGS = ["--fault-tolerance", "ecrec", "--ec", "2+1", "--ps", "3", "--workers", "1", "--steps", "160",
+ARGS = ["--fault-tolerance", "ecrec", "--ec", "3+1", "--ps", "4", "--workers", "1", "--steps", "160",
         "--deterministic", "--table-rows", "2000", "--embedding-dim", "8", "--quiet", "--restart-delay", "1"]
 
 
@@ -50,7 +52,7 @@ def reference(tmp_path_factory):
     [
         # Cuts on the PS side, in sequence: a data PS dies with its update applied, before any fold; a
         # parity PS dies after folding; the first data PS again, with the step counted, before the commit.
-        "ps_after_apply@ps:1@step=40,parity_ps_after_fold@ps:2@step=85,ps_after_count@ps:1@step=125",
+        "ps_after_apply@ps:1@step=40,parity_ps_after_fold@ps:3@step=85,ps_after_count@ps:1@step=125",
         # Cuts on the worker: between data and parity, then after every update, before the commit.
         "worker_after_apply@chief:0@step=45,worker_before_commit@chief:0@step=110",
     ],
@@ -75,11 +77,11 @@ def test_two_ps_moved_to_new_ports_one_after_the_other_leave_the_same_bytes_as_n
     first recovery: the global step does not pass the first kill's step before the rebuilt PS is back."""
     model_dir = tmp_path / "moved"
     os.makedirs(model_dir)
-    result = cli("run", "--model-dir", str(model_dir), *ARGS, "--kill", "ps:0@step=60", "--kill", "ps:2@step=110",
+    result = cli("run", "--model-dir", str(model_dir), *ARGS, "--kill", "ps:0@step=60", "--kill", "ps:3@step=110",
                  "--restart-at", "new-port")
     assert result.returncode == 0, result.stderr[-4000:]
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
         report = json.load(fh)
-    assert_rebuilt_by_parity_to_the_same_bytes(report, result.stderr, reference, (0, 2), str(model_dir), moved=True)
+    assert_rebuilt_by_parity_to_the_same_bytes(report, result.stderr, reference, (0, 3), str(model_dir), moved=True)
     parity = report["parity"]
-    assert parity["stripes_checked"] == 3 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity
+    assert parity["stripes_checked"] == 4 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity
