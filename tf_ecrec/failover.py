@@ -69,20 +69,16 @@ raises the PS to the new version, and a session created after it carries that ve
 PS admit a later one, theirs (`tf_ecrec.recovery.generation`): a worker that followed the move in
 place is not refused by the cluster it now reaches.
 
-Known stall (issue 33, not fixed): MonitoredSession closes the failed session before it creates the
-next one, and the close of a ClusterSpec-propagated session deletes its worker session on every
-task, this trainer's own included; that local deletion has no deadline and holds the trainer's
-TensorFlow SessionMgr, so the next session's creation waits until it ends.  Usually it takes
-milliseconds; in about one launched run in five it took 10-47 s (TF_CPP_MIN_LOG_LEVEL=0 and
-TF_CPP_VMODULE=session_mgr=1,master_session=1 show the new session's "ClusterSpec propagation is
-enabled" on the trainer's own task at the very moment the old session's close logs its end).  What
-the deletion waits for (native stacks, docs/benchmarks.md): the input pipeline's iterator, whose
-destructor joins tf.data's autotuning thread, asleep for up to a minute between optimizations.  A
-pipeline with ``autotune.enabled = False`` closes in tens of milliseconds, but that faster close
-exposed faults after a failure (a livelock of both trainers' new sessions) that are not fixed yet, so
-the pipelines keep TensorFlow's default.  A close or creation cut by the operation timeout is the
-DeadlineExceeded that sends this loop to WAIT and BUILD, which rebuilds the graph without
-shortening the wait.
+Stall fixed (issue 33): MonitoredSession closes the failed session before it creates the next one,
+and the close of a ClusterSpec-propagated session deletes its worker session on every task, this
+trainer's own included; that local deletion has no deadline and holds the trainer's TensorFlow
+SessionMgr, so the next session's creation waits until it ends.  It destroys the input pipeline's
+iterator, whose destructor joined tf.data's autotuning thread, asleep for up to a minute between
+optimizations (native stacks, docs/benchmarks.md): 6-54 s in about one launched run in two.  `train`
+therefore runs the input_fn's dataset with ``autotune.enabled = False`` unless the user's dataset
+sets it (`tf_ecrec.data.pipeline.input_fn_without_autotune`); the close takes tens of milliseconds.
+A close or creation cut by the operation timeout is the DeadlineExceeded that sends this loop to
+WAIT and BUILD, which rebuilds the graph.
 
 The rebuild of the lost PS's variables is not this module's: the chief's
 new session runs it (`tf_ecrec.recovery`), exactly as for a PS restarted at
@@ -203,8 +199,11 @@ class FailoverLoop:
         """
         import tensorflow as tf
 
+        from tf_ecrec.data.pipeline import input_fn_without_autotune
+
         session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError)
         # MonitoredSession logs each failed session creation, tens a second for a PS that is down: one in 30 s.
+        input_fn = input_fn_without_autotune(input_fn)  # a session close would wait for its thread
         quiet = RepeatFilter(("An error was raised while a session was being created",
                               "An error was raised while considering whether the session is complete"))
         tf.get_logger().addFilter(quiet)

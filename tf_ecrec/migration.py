@@ -6,11 +6,21 @@ sees a change, and the hook acts on it only between steps::
 
     __init__     validate; remember what the session was built for
     begin        start watching (`_start_watching`: a poller thread, a subscription)
-    after_create_session  remember which retarget the session was created after
+    after_create_session  remember which retarget the session was created after; a stop asked
+                 only because the session before it predated a retarget is withdrawn
     before_run   nothing to fetch
     after_run    if a change was seen (or this session predates a retarget):
                  request_stop() once, record ``migration`` = (old, new)
     end          stop watching (`_stop_watching`)
+
+A stop is asked of a *session*: when the session it was asked of fails instead (a step of a session
+from before a retarget may complete, then the next one meet the moved PS), MonitoredSession creates
+the next one inside ``Estimator.train`` and the request goes with the failed one.  If that next
+session was created after every retarget so far, it is the one the stop was for, so the hook withdraws
+``migration``: otherwise ``Estimator.train`` would run on to its end and the failover loop, finding
+``migration`` set, would rebuild the Estimator for nothing (seen: a worker that followed two moves in
+place went to WAIT and BUILD when its training ended).  A change the hook could not retarget
+(`_changed_to`) is never withdrawn.
 
 After ``Estimator.train`` returns, a non-None ``migration`` says the hook
 stopped the session: the failover loop (`tf_ecrec.failover`) then rebuilds
@@ -68,6 +78,8 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
         self._stop_requested = False
         self._target_gen = 0  # retargets so far
         self._session_gen = 0  # retargets before the current session was created
+        self._stale_stop = False  # the stop was asked only because the session predated a retarget
+        self._unfollowed = False  # a change was seen that no retarget followed
         self.migration: tuple[int, int] | None = None
         self.steps_seen = 0
 
@@ -80,6 +92,12 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         with self._lock:
             self._session_gen = self._target_gen
+            if self._stale_stop and not self._unfollowed:  # the stale session is gone; this one is current
+                _LOG.info("the session stopped for migration was replaced by one created for the new cluster; "
+                          "training goes on in it")
+                self._stale_stop = self._stop_requested = False
+                self.migration = None
+                self._changed.clear()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         self.steps_seen += 1
@@ -91,6 +109,7 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
             return
         with self._lock:
             old, new = self._baseline, self._new
+            self._stale_stop = stale
         self.migration = (-1 if old is None else old, -1 if new is None else new)
         self._stop_requested = True
         _LOG.info("Parameter servers changed (version %s -> %s); stopping the session for "
@@ -116,6 +135,7 @@ class MigrationHook(tf.compat.v1.train.SessionRunHook):
         with self._lock:
             if new is not None:
                 self._new = new
+            self._unfollowed = True
         self._changed.set()
 
 

@@ -27,8 +27,7 @@ def _assert_parity_exact(report, stripes):
 def _assert_every_trainer_back(report, trainers=("chief:0", "worker:0")):
     """Issue 33: after each failure every trainer (not only the job's global step) trained again, from its own
     step datagrams, with at most two sessions (its first one may predate the chief's recovery).  How soon is a
-    target measured in benchmarks/ and reported (`seconds_to_first_step`), not a wall-clock bound here: a
-    session teardown inside TensorFlow can hold a trainer 10-47 s (tf_ecrec/failover.py's module doc)."""
+    target measured in benchmarks/ and reported (`seconds_to_first_step`), not a wall-clock bound here."""
     batch = report["config"]["batch_size"]
     for rec in report["recovery"]:
         # The job's cost of the failure, in seconds of its own rate: at least the steps it took back.

@@ -163,3 +163,44 @@ def test_static_shards_round_robin_covers_every_record_once_per_epoch():
     assert covered == list(range(1000))
     first_of_next_epoch = next(x for x in iter(StaticShards(1000, 96, 3, 0)) if x[0] >= 1000)
     assert first_of_next_epoch == (1000, 1096)
+
+
+def test_every_training_pipeline_runs_without_tf_datas_autotuning_thread(tmp_path):
+    # Destroying an iterator joins tf.data's autotuning model thread, which sleeps for up to a minute between
+    # optimizations: a trainer's session close (on a PS failure, at the end) waited that out inside its own
+    # DeleteWorkerSession.  Each pipeline a trainer reads must turn autotuning off (tf_ecrec.data.pipeline).
+    from tf_ecrec.data.pipeline import StaticShards, make_dataset, make_leased_dataset, step_keyed_input_fn
+
+    sizes = [7] * NUM_CAT
+    lines = CriteoFiles([_write(tmp_path / "p.tsv", [GOOD] * 10)])
+    synthetic = SyntheticCriteo(sizes, 100, seed=1)
+    pipelines = {
+        "criteo lines, static shards": make_dataset(lines, StaticShards(10, 4), 4, sizes),
+        "synthetic, static shards": make_dataset(synthetic, StaticShards(100, 4), 4, sizes),
+        "criteo lines, leased": make_leased_dataset(lines, lambda: iter(()), 4, sizes),
+        "synthetic, leased": make_leased_dataset(synthetic, lambda: iter(()), 4, sizes),
+        "step-keyed placeholder": step_keyed_input_fn(),
+    }
+    assert {name: ds.options().autotune.enabled for name, ds in pipelines.items()} == dict.fromkeys(pipelines, False)
+
+
+def test_a_users_input_fn_keeps_its_signature_and_its_own_autotune_choice():
+    import tensorflow as tf
+    from tensorflow.python.util import function_utils
+
+    from tf_ecrec.data.pipeline import input_fn_without_autotune
+
+    def input_fn(params, mode):  # what the Estimator reads to pass its arguments by name
+        ds = tf.data.Dataset.range(4).map(lambda x: x * params["k"], num_parallel_calls=tf.data.AUTOTUNE)
+        if mode == "explicit":
+            options = tf.data.Options()
+            options.autotune.enabled = True
+            ds = ds.with_options(options)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    wrapped = input_fn_without_autotune(input_fn)
+    assert function_utils.fn_args(wrapped) == ("params", "mode")
+    plain = wrapped(params={"k": 3}, mode="train")
+    assert plain.options().autotune.enabled is False and list(plain.as_numpy_iterator()) == [0, 3, 6, 9]
+    assert wrapped(params={"k": 1}, mode="explicit").options().autotune.enabled is True  # the user's choice stands
+    assert input_fn_without_autotune(lambda: ({"x": tf.zeros([2])}, tf.zeros([2])))()[1].shape == (2,)  # not a dataset

@@ -252,6 +252,37 @@ def test_a_session_created_before_a_retarget_is_stopped_and_rebuilt():
     assert stops == [1] and hook.migration is not None
 
 
+def test_a_stop_asked_of_a_stale_session_is_withdrawn_when_a_session_for_the_new_cluster_replaces_it():
+    """The stale session fails before it stops (its next step meets the moved PS) and MonitoredSession creates
+    the next one itself, after the retarget: that one trains on, and Estimator.train's end is no migration
+    (else the loop would rebuild the Estimator for nothing).  A change no retarget followed stays a migration."""
+    stops = []
+    ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()
+    moved = ["127.0.0.1:5000", PS[1], PS[2]]
+    for follows in (True, False):
+        def retarget(addresses, version, steps, follows=follows):
+            if not follows:
+                raise RuntimeError("no live config")
+
+        stops.clear()
+        hook = ClusterSourceMigrationHook(Source(PS, moved), PS, poll_secs=0.01, retarget=retarget)
+        hook.begin()
+        hook.after_create_session(None, None)
+        deadline = time.time() + 5
+        while not hook.retargets and not hook._changed.is_set() and time.time() < deadline:
+            time.sleep(0.01)
+        hook.after_run(ctx, None)  # a step of the session from before the move completes: stop it
+        assert stops == [1] and hook.migration is not None
+        hook.after_create_session(None, None)  # it failed instead; MonitoredSession made the next one
+        for _ in range(3):
+            hook.after_run(ctx, None)
+        hook.end(None)
+        if follows:
+            assert hook.retargets == 1 and hook.migration is None and stops == [1]
+        else:
+            assert hook.retargets == 0 and hook.migration is not None and stops == [1]
+
+
 def test_a_retarget_that_fails_stops_the_session_instead():
     stops = []
     ctx = type("Ctx", (), {"request_stop": lambda self: stops.append(1)})()

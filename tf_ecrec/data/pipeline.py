@@ -19,6 +19,7 @@ lines were skipped).  Models must use the actual batch size
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -136,7 +137,7 @@ def _lines_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, int]]], sizes: t
     """Batches of Criteo lines (with their corrupt count) parsed in the graph."""
     ds = tf.data.Dataset.from_generator(gen, output_signature=(tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int64)))
     ds = ds.map(lambda lines, bad: _parse_lines(lines, bad, sizes), num_parallel_calls=1, deterministic=True)
-    return ds.prefetch(2)
+    return without_autotune(ds.prefetch(2))
 
 
 def _arrays_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> tf.data.Dataset:
@@ -151,7 +152,41 @@ def _arrays_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.
     )
     zero = tf.constant(0, tf.int64)
     ds = ds.map(lambda d, c, y: ({"dense": _dense_transform(d), "cat": c, CORRUPT_KEY: zero}, y))
-    return ds.prefetch(2)
+    return without_autotune(ds.prefetch(2))
+
+
+def without_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with tf.data's autotuning off, so that its iterator starts no model thread.
+
+    Destroying an iterator joins that thread, which sleeps between its optimizations for a period that
+    doubles up to a minute; a trainer's session close (MonitoredSession's, on a PS failure, and at the end
+    of training) destroys the iterator on the trainer's own TensorFlow server, inside the close's
+    DeleteWorkerSession, so the close waited out the sleep: 6 s to about a minute before the next session
+    (seen in the chief's native stacks: ``~LogicalThreadWrapper`` under ``IteratorResource::~State``, the
+    model thread in ``Model::OptimizeLoop``).  These pipelines fix their own parallelism (one parse call
+    at a time, two batches prefetched), so autotuning had nothing to tune.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+def input_fn_without_autotune(input_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An Estimator `input_fn` whose dataset runs without tf.data's autotuning thread (`without_autotune`),
+    unless the dataset's own options set autotuning on or off.  The wrapper has `input_fn`'s signature: the
+    Estimator passes ``params``, ``config``, ``mode`` or ``input_context`` by the names it finds there.  A
+    ``num_parallel_calls=tf.data.AUTOTUNE`` then runs on as many threads as the CPUs TensorFlow schedules
+    on, and a ``prefetch(AUTOTUNE)`` keeps its own buffer tuning (which needs no thread)."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = input_fn(*args, **kwargs)
+        if isinstance(result, tf.data.Dataset) and result.options().autotune.enabled is None:
+            return without_autotune(result)
+        return result
+
+    wrapped.__signature__ = inspect.signature(input_fn)  # type: ignore[attr-defined]
+    wrapped.__name__ = getattr(input_fn, "__name__", "input_fn")
+    return wrapped
 
 
 def materialized_dataset(source: SyntheticCriteo, start: int, end: int, batch_size: int) -> tf.data.Dataset:
@@ -256,7 +291,7 @@ def with_step_keyed_data(model_fn: ModelFn, source: Source, batch_size: int, tab
 
 def step_keyed_input_fn() -> tf.data.Dataset:
     """The placeholder input of `with_step_keyed_data`: an endless dataset of nothing useful."""
-    return tf.data.Dataset.from_tensors(({"unused": tf.constant(0.0)}, tf.constant(0.0))).repeat()
+    return without_autotune(tf.data.Dataset.from_tensors(({"unused": tf.constant(0.0)}, tf.constant(0.0))).repeat())
 
 
 @dataclasses.dataclass(frozen=True)
