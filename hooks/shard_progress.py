@@ -116,7 +116,19 @@ class ShardProgressHook(tf.compat.v1.train.SessionRunHook):
         elif callable(self._records):
             self._tensor = self._records()
         self._sender.start()
-        self._carried = carried_commits()
+        with self._lock:
+            # A new graph (the failover loop builds a new Estimator after a session failed, and then this
+            # hook's `end` never ran): its commits number their runs from 1 again, so this hook does too.
+            # The runs still waiting belong to the previous graph's commits, which will never resolve them
+            # now: their records are not claimed (their leases go back with the old input pipeline).
+            # Numbering on from the old graph's runs asked the new commits about runs they would reach
+            # only hundreds of steps later: no record was acknowledged meanwhile, the master handed out
+            # no more shards, and both trainers' steps waited for data until their deadline, again and
+            # again (a job that never ended, seen after a chief died during a spare's rebuild).
+            self.records_dropped += sum(records for _, records in self._waiting)
+            self._waiting.clear()
+            self._runs = 0
+            self._carried = carried_commits()
         for commit in self._carried:  # a run made durable off the training thread is reported at once
             commit.on_resolved(self._attribute_durable)
 

@@ -78,9 +78,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "--kill",
         action="append",
         default=[],
-        metavar="TASK@step=N",
+        metavar="TASK@step=N|TASK@rebuild",
         help="SIGKILL TASK (ps:I, worker:I, chief:0, master, or spare:I standing by) at global step N and restart it "
-             "(a killed spare is replaced by a new one); repeatable",
+             "(a killed spare is replaced by a new one); TASK@rebuild: while a lost PS's rows are rebuilt onto a "
+             "spare in the background; repeatable",
     )
     p.add_argument("--restart-delay", type=float, default=2.0,
                    help="seconds between a kill and the restart; inf: never restarted (a spare, if any, takes over)")

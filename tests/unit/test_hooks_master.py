@@ -240,3 +240,48 @@ def test_ps_migration_hook_follows_a_membership_watch() -> None:
 def test_hooks_validate_their_arguments_at_construction(build) -> None:
     with pytest.raises(ConfigError):
         build(MasterClient("127.0.0.1:1", None))
+
+
+class _Commit:
+    """A deferred commit as the hook sees one: runs numbered from 1 per graph, durable up to `through`."""
+
+    def __init__(self) -> None:
+        self.through = 0
+        self.listeners: list = []
+
+    def on_resolved(self, listener) -> None:
+        self.listeners.append(listener)
+
+    def resolved(self, run: int) -> str:
+        return "durable" if run <= self.through else "pending"
+
+    def make_durable(self, through: int) -> None:
+        self.through = through
+        for listener in self.listeners:
+            listener()
+
+    def flush(self, session) -> None:
+        pass
+
+
+def test_shard_progress_hook_numbers_the_runs_of_a_new_graph_as_its_commits_do(master) -> None:
+    """The failover loop builds a new Estimator after a failed session, with the same hooks and no `end` in
+    between: the new graph's commits number runs from 1, and the hook must ask them about those runs."""
+    from tf_ecrec.carried_commit import register
+
+    acknowledged: list[int] = []
+    hook = shard_progress.ShardProgressHook(worker(master), ShardTracker(), records=10)
+    hook._attribute = acknowledged.append  # what the hook would report to the master
+    commits = []
+    for runs, durable in ((5, 3), (2, 2)):  # the first graph's session fails with 2 runs not durable
+        with tf.Graph().as_default() as graph:
+            commit = _Commit()
+            register(commit, graph)
+            commits.append(commit)
+            hook.begin()
+            for _ in range(runs):
+                hook.after_run(None, None)
+            commit.make_durable(durable)
+    assert acknowledged == [10] * 5  # 3 runs of the first graph, then both of the second
+    assert hook.records_dropped == 20  # the first graph's 2 runs that never became durable are not claimed
+    hook.sender.stop(timeout=1.0)

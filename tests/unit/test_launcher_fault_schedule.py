@@ -93,3 +93,13 @@ def test_after_a_ps_kill_only_a_step_of_a_session_created_since_resumes():
     clock.now = 1100.0
     schedule.hit(worker_kill, 300)
     assert schedule.progress(1100.5, 301, session_at=1005.5) == [("resumed", worker_kill), ("regained", worker_kill)]
+
+
+def test_a_kill_during_a_rebuild_is_due_while_one_runs_at_whatever_step():
+    schedule = FaultSchedule([KillSpec.parse("chief:0@rebuild"), KillSpec.parse("ps:1@step=300")], restart_delay=1.0,
+                             clock=Clock())
+    assert [f.task for f in schedule.due_kills(10_000)] == ["ps:1"]  # no rebuild under way: not due at any step
+    (during,) = schedule.due_kills(5, rebuilding=True)
+    assert during.task == "chief:0"
+    schedule.hit(during, 5)
+    assert schedule.due_kills(5, rebuilding=True) == []  # once

@@ -13,9 +13,22 @@ def test_kill_specs_parse_and_print_back():
     assert str(k) == "ps:1@step=1200"
     assert KillSpec.parse("worker:0@step=5").task == "worker:0"
     assert KillSpec.parse("spare:0@step=7").task == "spare:0"
+    during = KillSpec.parse("chief:0@rebuild")
+    assert (during.task, during.step, during.during, str(during)) == ("chief:0", 0, "rebuild", "chief:0@rebuild")
+    assert KillSpec.parse(str(during)) == during
 
 
-@pytest.mark.parametrize("text", ["ps1@step=3", "ps:1@3", "ps:x@step=3", "gpu:0@step=3", "ps:1@step=-3", ""])
+def test_a_kill_during_a_rebuild_needs_one_that_happens_and_is_a_kill_only():
+    assert JobSpec(fault_tolerance="ecrec", spare_ps=1, kills=(KillSpec.parse("ps:2@rebuild"),)).kills
+    with pytest.raises(ConfigError, match=r"--kill ps:2@rebuild: a lost PS is rebuilt in the background only onto a "
+                                          r"spare.*\(got ecrec, 0\); source: --kill"):
+        JobSpec(fault_tolerance="ecrec", kills=(KillSpec.parse("ps:2@rebuild"),))
+    with pytest.raises(ConfigError, match=r"--remove-worker 'worker:0@rebuild': @rebuild is a --kill trigger"):
+        KillSpec.parse("worker:0@rebuild", "--remove-worker")
+
+
+@pytest.mark.parametrize("text", ["ps1@step=3", "ps:1@3", "ps:x@step=3", "gpu:0@step=3", "ps:1@step=-3", "",
+                                  "ps:1@rebuilds", "ps:1@rebuild=3"])
 def test_malformed_kill_is_a_config_error(text):
     with pytest.raises(ConfigError, match=r"is malformed; expected TASK@step=N.*source: --kill"):
         KillSpec.parse(text)

@@ -40,7 +40,7 @@ class FaultActions:
 
     def drive(self, now: float) -> None:
         """Kills what is due at the current global step and restarts what is due at `now`."""
-        for fault in self._run.faults.due_kills(self._run.global_step):
+        for fault in self._run.faults.due_kills(self._run.global_step, self._run.rebuilding):
             if fault.spec.task_type == "spare":
                 self._kill_spare(fault)
             elif fault.on_master:

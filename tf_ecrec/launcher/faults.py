@@ -5,7 +5,8 @@ that died from a signal, or that the master's membership lost while its
 process ran).  Every fault goes the same way, whatever its target (a task
 or the job master)::
 
-    due_kills(step)      planned, not hit, the global step reached  -> the caller kills the target
+    due_kills(step, r)   planned, not hit, the global step reached (``@rebuild``: a background
+                         rebuild under way, `r`)                    -> the caller kills the target
     unplanned(...)       a fault the caller saw happen               -> (hit it at once)
     hit(fault, step)     killed now; its restart is due `restart_delay` s later
     due_restarts(now)    hit, restart due                            -> the caller restarts the target
@@ -76,9 +77,11 @@ class FaultSchedule:
         self._delay = restart_delay
         self._clock = clock
 
-    def due_kills(self, global_step: int) -> list[Fault]:
-        """Planned faults not hit yet whose step the global step reached (the caller may defer one)."""
-        return [f for f in self.faults if f.killed_at is None and global_step >= f.spec.step]
+    def due_kills(self, global_step: int, rebuilding: bool = False) -> list[Fault]:
+        """Planned faults not hit yet whose step the global step reached, or, for ``TASK@rebuild``, while
+        `rebuilding` (a lost PS's rows are being rebuilt in the background); the caller may defer one."""
+        return [f for f in self.faults if f.killed_at is None
+                and (rebuilding if f.spec.during == "rebuild" else global_step >= f.spec.step)]
 
     def unplanned(self, task_type: str, task_index: int, global_step: int) -> Fault:
         """Adds a fault the supervisor saw (a crash, a task lost while running); hit it next."""

@@ -32,6 +32,7 @@ class RunState:
       errors: failures that end the run (raised by the supervisor's loop).
       master: the master process the launcher runs, if any.
       watch: the launcher's watch on the job master, if the job has one.
+      rebuilding: the chief reported a background rebuild begun and not yet its end (``--kill TASK@rebuild``).
     """
 
     def __init__(self, job: JobSpec, console: Console, table: ProcessTable, record: RunRecord, faults: FaultSchedule,
@@ -48,6 +49,7 @@ class RunState:
         self.errors: list[str] = []
         self.master: MasterProcess | None = None
         self.watch: MasterWatch | None = None
+        self.rebuilding = False
 
     def event(self, kind: EventKind, task: str, step: int | None = None, t: float | None = None, **extra: Any) -> None:
         """Records an event at `step` (default: the current global step) and `t` (default: now)."""

@@ -311,10 +311,12 @@ class Supervisor:
         if kind is StatusKind.RECOVERED:
             extra = {k: msg.get(k) for k in ("method", "lost_ps", "bytes_rebuilt", "rebuild_seconds", "phases", *_SETTLED)}
             self._run.event(EventKind.RECOVERED, task, msg.get("step"), t=t, **extra)
+            self._run.rebuilding = False
             self._run.console.print(f"{task} recovered lost PS {msg.get('lost_ps')} by {msg.get('method')}: "
                                     f"{msg.get('bytes_rebuilt', 0):,} bytes in {msg.get('rebuild_seconds')} s")
             return True
         if kind is StatusKind.REBUILDING:
+            self._run.rebuilding = True
             self._run.event(EventKind.REBUILDING, task, msg.get("step"), t=t, lost_ps=msg.get("lost_ps"), seconds=msg.get("seconds"),
                         phases=msg.get("phases"))
             self._run.console.print(
