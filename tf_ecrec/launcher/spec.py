@@ -234,12 +234,9 @@ class JobSpec:
             else:
                 self._check_task_exists(kill, "--kill")
             if kill.during:
-                _check(
-                    self.fault_tolerance is FaultTolerance.ECREC and self.spare_ps > 0,
-                    f"--kill {kill}: a lost PS is rebuilt in the background only onto a spare, with "
-                    f"--fault-tolerance ecrec and --spare-ps >= 1 (got {self.fault_tolerance.value}, {self.spare_ps})",
-                    "--kill",
-                )
+                _check(self.fault_tolerance is FaultTolerance.ECREC and self.spare_ps > 0,
+                       f"--kill {kill}: a lost PS is rebuilt in the background only onto a spare, with --fault-tolerance "
+                       f"ecrec and --spare-ps >= 1 (got {self.fault_tolerance.value}, {self.spare_ps})", "--kill")
                 continue
             _check(
                 0 < kill.step < self.steps,
