@@ -95,7 +95,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    help="kill and restart a trainer with no step for this long while others train (0: off)")
     p.add_argument("--ps-hang-secs", type=float, default=4.0, metavar="SECS",
                    help="kill a PS that answered the launcher's probe and then nothing for this long (hung, "
-                   "stopped, cut off), then restart it or give its role to a spare (0: off)")
+                   "stopped, cut off; 5x as long if it kept a fifth of a core busy), then restart it or give its "
+                   "role to a spare (0: off)")
     p.add_argument("--inject", action="append", default=[], metavar="oom:ps:I@step=N|hang:TASK@step=N",
                    help="at step N make a PS run out of memory, or freeze a task (SIGSTOP: a trainer with --hang-secs, a PS "
                    "with --ps-hang-secs); repeatable")

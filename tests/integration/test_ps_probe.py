@@ -9,7 +9,8 @@ import time
 
 from harness.ports import free_port
 
-from tf_ecrec.launcher.ps_probe import PsProbe
+from tf_ecrec.launcher.cpu_usage import cpu_seconds
+from tf_ecrec.launcher.ps_probe import BUSY_SHARE, PsProbe, is_hung
 
 SERVER = ("import sys, time, tensorflow as tf; "
           "s = tf.distribute.Server(tf.train.ClusterSpec({'ps': [sys.argv[1]]}), job_name='ps', task_index=0); "
@@ -39,11 +40,32 @@ def test_the_probe_sees_a_real_server_answer_fall_silent_when_stopped_and_answer
         stopped = time.time()
         time.sleep(1.0)  # two probe deadlines: an answer in flight at the stop has landed
         settled = probe.last_answer("ps:0", address)
+        cpu_before, at = cpu_seconds(proc.pid), time.time()
         time.sleep(1.5)
         assert probe.last_answer("ps:0", address) == settled, "an answer from a stopped server"
+        # The launcher weighs the silence against the process's CPU (tf_ecrec.launcher.exits): a stopped server
+        # spends none, so it is hung once silent longer than the bound.
+        share = (cpu_seconds(proc.pid) - cpu_before) / (time.time() - at)
+        assert share < BUSY_SHARE and is_hung(time.time() - settled, share, 1.0), share
         proc.send_signal(signal.SIGCONT)
         _wait_for(lambda: (probe.last_answer("ps:0", address) or 0) > stopped + 1.0, "an answer after SIGCONT")
     finally:
         probe.close()
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_silent_process_busy_on_a_core_is_not_hung_until_its_grace_ends():
+    """The other side of the rule on a real process: one that computes (a PS decoding a rebuild's slices beside
+    other jobs) spends well over BUSY_SHARE of a core by /proc's count, the evidence `is_hung` weighs."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
+    try:
+        time.sleep(0.5)
+        cpu_before, at = cpu_seconds(proc.pid), time.time()
+        time.sleep(1.5)
+        share = (cpu_seconds(proc.pid) - cpu_before) / (time.time() - at)
+        assert share >= BUSY_SHARE, share  # on 2 cores shared with the other xdist worker: about 0.5 or more
+        assert not is_hung(4.5, share, 4.0) and is_hung(20.5, share, 4.0)
+    finally:
         proc.kill()
         proc.wait(timeout=30)

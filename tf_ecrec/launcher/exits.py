@@ -14,7 +14,8 @@
 - **Silent PS** (``--ps-hang-secs S``, 4 by default, 0: off): a PS that answered the launcher's probe since it
   started (`tf_ecrec.launcher.ps_probe`) and then answered nothing for S seconds (hung, stopped,
   cut off: a live process the trainers would wait on until their session timeout) is killed, and
-  then restarted or replaced by a spare as any PS that died, the report naming why.
+  then restarted or replaced by a spare as any PS that died, the report naming why; one that spent a
+  share of a core meanwhile is busy, not hung, and is given longer (`tf_ecrec.launcher.ps_probe.is_hung`).
 - **Injections** (``--inject oom:ps:I@step=N``, ``--inject hang:worker:I@step=N``): at step N the
   launcher makes a PS allocate memory until its limit kills it (SIGUSR1, `consume_memory_on_signal`),
   or freezes a trainer (SIGSTOP): the real failure, for tests and drills.
@@ -32,10 +33,11 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+from tf_ecrec.launcher.cpu_usage import cpu_seconds
 from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
 from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits, MemoryLimits
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
-from tf_ecrec.launcher.ps_probe import PsProbe
+from tf_ecrec.launcher.ps_probe import PsProbe, is_hung
 
 HANG_MIN_STEPS = 10
 
@@ -51,7 +53,8 @@ class ExitWatch:
         self._progress: dict[str, tuple[float, int]] = {}  # trainer -> (its last step report, global step then)
         self._injections = [parse_injection(t) for t in job.injections]
         self._hung: set[str] = set()
-        self._silent: dict[str, float] = {}  # a PS killed for silence -> seconds since its last answer
+        self._silent: dict[str, tuple[float, float | None]] = {}  # a PS killed for silence -> (silent s, CPU share)
+        self._answered: dict[str, tuple[float, float, float | None]] = {}  # PS -> (its last answer, seen at, CPU s then)
         self._probe = PsProbe() if getattr(job, "ps_hang_secs", 0) else None
 
     def environment(self, task: TaskProcess) -> dict[str, str]:
@@ -99,13 +102,20 @@ class ExitWatch:
         self._probe.watch({t.name: t.cluster.address for t in running})
         silent = []
         for task in running:
-            last = self._probe.last_answer(task.name, task.cluster.address)
-            if last is None or last < task.started_at or now - last <= self._run.job.ps_hang_secs:
-                continue
             assert task.process is not None  # running
+            last = self._probe.last_answer(task.name, task.cluster.address)
+            if last is None or last < task.started_at:
+                continue
+            seen = self._answered.get(task.name)
+            if seen is None or seen[0] != last:  # a new answer: the CPU its silence, if any, is weighed against
+                seen = self._answered[task.name] = (last, now, cpu_seconds(task.process.pid))
+            cpu = cpu_seconds(task.process.pid)
+            share = (cpu - seen[2]) / (now - seen[1]) if cpu is not None and seen[2] is not None and now > seen[1] else None
+            if not is_hung(now - last, share, self._run.job.ps_hang_secs):
+                continue
             task.process.send_signal(signal.SIGKILL)
             task.process.wait()
-            self._silent[task.name] = now - last
+            self._silent[task.name] = (now - last, share)
             silent.append(task)
         return silent
 
@@ -116,8 +126,9 @@ class ExitWatch:
         self._hung.discard(task.name)
         silent = self._silent.pop(task.name, None)
         if silent is not None:
-            return Diagnosis(ExitKind.HANG, code, f"answered nothing for {silent:.2f} s (--ps-hang-secs "
-                             f"{self._run.job.ps_hang_secs:g}); killed by the launcher", silent_seconds=silent)
+            busy = "" if silent[1] is None else f", {100 * silent[1]:.0f}% of a core meanwhile"
+            return Diagnosis(ExitKind.HANG, code, f"answered nothing for {silent[0]:.2f} s (--ps-hang-secs "
+                             f"{self._run.job.ps_hang_secs:g}{busy}); killed by the launcher", silent_seconds=silent[0])
         return classify(code, hung=hung, oom_kills=oom_kills, log_tail=task.tail(40),
                         limit_mb=self._limit_mb.get(task.name))
 

@@ -13,6 +13,14 @@ call with a deadline, all concurrently, and remembers when each PS last answered
 silent for ``--ps-hang-secs`` seconds; the kill is then handled as any PS failure (a spare takes
 its role, or it is restarted, and the job rebuilds it from parity).  So the detection bound is
 ``--ps-hang-secs`` after its last answer, plus at most one `interval`.
+
+A PS that is only slow to answer is not hung: on a shared machine a PS busy with a rebuild's slices
+beside other jobs went 4 s without answering the probe and was killed, which cost a second move and
+rebuild for nothing.  So the silence is weighed against the process's own evidence, its CPU time
+(`is_hung`): a PS that spent at least `BUSY_SHARE` of a core since its last answer is working, and
+is given up to `BUSY_GRACE` times ``--ps-hang-secs`` before it is killed all the same.  A stopped
+process spends nothing; one cut off by a partition, or stuck on a lock, next to nothing (its
+heartbeat threads).
 """
 
 from __future__ import annotations
@@ -23,6 +31,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 GET_STATUS = "/tensorflow.WorkerService/GetStatus"
+BUSY_SHARE = 0.2
+"""Share of one core a silent PS must have spent since its last answer to count as busy, not hung."""
+BUSY_GRACE = 5.0
+"""A busy PS silent for this many times ``--ps-hang-secs`` is killed all the same (nothing waits for ever)."""
+
+
+def is_hung(silent_secs: float, busy_share: float | None, hang_secs: float) -> bool:
+    """Whether a PS silent for `silent_secs` that spent `busy_share` of a core meanwhile (None: not known)
+    is hung, under ``--ps-hang-secs`` `hang_secs` (see the module doc)."""
+    if silent_secs <= hang_secs:
+        return False
+    if busy_share is not None and busy_share >= BUSY_SHARE:
+        return silent_secs > BUSY_GRACE * hang_secs
+    return True
 
 
 class PsProbe:
