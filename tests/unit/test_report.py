@@ -128,6 +128,22 @@ def test_with_a_background_rebuild_the_window_runs_past_the_resume_to_the_rebuil
     assert second["while_rebuilding"] is None
 
 
+def test_steps_undone_at_t0_of_a_background_rebuild_are_not_a_rollback_when_its_chief_dies_before_the_end():
+    """T0's settlement undid 3 steps and reported them with "rebuilding"; the chief died, and the one restarted
+    finished the rebuild and reported its own part (none): the 3 steps the global step went back are undone."""
+    events = [
+        Event(20.0, "kill", "ps:1", 1200),
+        Event(21.0, "rebuilding", "chief:0", 1197, {"lost_ps": [1], "steps_undone": 3, "steps_finished": 2}),
+        Event(21.2, "kill", "chief:0", 1197),
+        Event(44.0, "session", "chief:0", 1197),
+        Event(45.0, "resumed", "ps:1", 1198),
+        Event(60.0, "recovered", "chief:0", 1400, {"method": "parity", "bytes_rebuilt": 9, "steps_undone": 0}),
+    ]
+    entry = recovery_entries(events, "ecrec")[0]
+    assert entry["task"] == "ps:1" and entry["method"] == "parity" and entry["rebuilt_in_background"]
+    assert (entry["steps_undone"], entry["steps_rolled_back"]) == (3, 0), entry
+
+
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():
     events = [Event(10.0, "kill", "worker:0", 500), Event(10.1, "resumed", "worker:0", 501), Event(10.1, "regained", "worker:0", 501)]
     (entry,) = recovery_entries(events)

@@ -174,10 +174,9 @@ def recovery_entries(
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
         failovers = [e for e in later if e.kind == "failover" and e.extra.get("state") in ("build", "retarget") and e.t <= upto]
         phases_event = background or recovered
-        # Steps a failure cut (their trainer or a PS died mid-step) that settlement undid: their global-step
-        # increment goes with them and their records are retrained; they never completed, so the global
-        # step they take back is not a rollback (docs/settlement.md).
-        undone = int((recovered.extra.get("steps_undone") or 0) if recovered is not None and method == "parity" else 0)
+        # Steps a failure cut that settlement undid (their increment goes with them, their records are retrained:
+        # not a rollback, docs/settlement.md); a background rebuild reports T0's at "rebuilding", the rest at its end.
+        undone = sum(int(e.extra.get("steps_undone") or 0) for e in (background, recovered) if e and method == "parity")
         out.append(
             {
                 "task": kill.task,

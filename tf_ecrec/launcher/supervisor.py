@@ -317,7 +317,7 @@ class Supervisor:
             return True
         if kind is StatusKind.REBUILDING:
             self._run.rebuilding = True
-            self._run.event(EventKind.REBUILDING, task, msg.get("step"), t=t, **{k: msg.get(k) for k in ("lost_ps", "seconds", "phases")})
+            self._run.event(EventKind.REBUILDING, task, msg.get("step"), t=t, **{k: msg.get(k) for k in ("lost_ps", "seconds", "phases", *_SETTLED)})
             self._run.console.print(
                 f"{task} rebuilds lost PS {msg.get('lost_ps')} while training goes on "
                 f"(trainers resumed {msg.get('seconds')} s after the session began)"

@@ -106,7 +106,7 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
         if result.method == "parity" and result.background:
             # Trainers resume now; the rows are installed while they train ("rebuilt" follows).
             sender.send(StatusKind.REBUILDING, lost_ps=result.lost_ps, seconds=round(result.seconds, 3), step=result.global_step,
-                        phases=result.phases)
+                        phases=result.phases, **settled)  # the steps T0's settlement cut: the failure's, not the finish's
         elif result.method in ("parity", "checkpoint", "memory", "disk", "rebuilt") or (
                 result.method == "init" and result.lost_ps):  # lost PS with no copy: initialised, data owed to 0
             sender.send(
