@@ -73,6 +73,8 @@ def owed(model_dir: str | None) -> OwedRollback | None:
         with tf.io.gfile.GFile(path, "r") as fh:
             value = json.loads(fh.read())
         return OwedRollback(int(value["step"]), str(value["what"]), str(value["token"]))
+    except tf.errors.NotFoundError:
+        return None  # removed between the check and the read: paid (it is removed only then)
     except (OSError, ValueError, KeyError, TypeError, tf.errors.OpError) as exc:
         raise RecoveryError(f"the owed data rollback {path} cannot be read ({exc}); rule: written whole by owe(), "
                             "removed only once paid; delete it only after rolling the job's data progress back "
