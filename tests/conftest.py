@@ -31,10 +31,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Marks every test with its tier (the directory it is in), gives it the tier's time limit and its xdist group.
 
     The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject.toml), a module
-    at a time (its module-scoped clusters start once).  The e2e modules come first in the run's
-    order, so that the longest units of work start first and the unit tier's short modules fill the
-    end on whichever worker frees first.  Two launched jobs may run at once, as jobs run beside
-    anything on a shared machine: no test may depend on having the machine to itself.
+    at a time (its module-scoped clusters start once), except an e2e test that shares no module-scoped
+    fixture: each is a unit of its own (a launched job of a minute or two), so that the e2e tier
+    spreads over both workers instead of leaving one with a whole module at the end (seen: 211 s
+    more on one worker than on the other).  The e2e tests come first in the run's order, so that the
+    longest units of work start first and the unit tier's short modules fill the end on whichever
+    worker frees first.  Two launched jobs may run at once, as jobs run beside anything on a shared
+    machine: no test may depend on having the machine to itself.
     """
     for item in items:
         parts = item.path.relative_to(REPO).parts
@@ -42,7 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier not in TIER_TIMEOUTS:
             continue
         item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group("/".join(parts[1:])))
+        scopes = {d.scope for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs}
+        alone = tier == "e2e" and "module" not in scopes and "package" not in scopes and "class" not in scopes
+        item.add_marker(pytest.mark.xdist_group(item.nodeid if alone else "/".join(parts[1:])))
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
 
