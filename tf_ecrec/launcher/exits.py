@@ -106,10 +106,10 @@ class ExitWatch:
             last = self._probe.last_answer(task.name, task.cluster.address)
             if last is None or last < task.started_at:
                 continue
+            cpu = cpu_seconds(task.process.pid)
             seen = self._answered.get(task.name)
             if seen is None or seen[0] != last:  # a new answer: the CPU its silence, if any, is weighed against
-                seen = self._answered[task.name] = (last, now, cpu_seconds(task.process.pid))
-            cpu = cpu_seconds(task.process.pid)
+                seen = self._answered[task.name] = (last, now, cpu)
             share = (cpu - seen[2]) / (now - seen[1]) if cpu is not None and seen[2] is not None and now > seen[1] else None
             if not is_hung(now - last, share, self._run.job.ps_hang_secs):
                 continue
