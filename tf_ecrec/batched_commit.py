@@ -186,8 +186,9 @@ class BatchedCommit:
                 runs = list(self._pending)
                 sids = [self._pending[r][0] for r in runs]
             counter = min(self.round.counted)
+            round_id = (self._generation.value << GENERATION_SHIFT) | secrets.randbits(GENERATION_SHIFT)
             out = session.run({"committed": self.round.committed, "counted": self.round.counted[counter]},
-                              {self.round.pending: np.array(sids, np.int64)},
+                              {self.round.pending: np.array(sids, np.int64), self.round.round_id: round_id},
                               options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
             self.rounds += 1
             counted = {int(s) for s in out["counted"]}

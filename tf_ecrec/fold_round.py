@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec import wire
 from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.step_program import ParityFolds, ReplicaFolds, StepGeneration, TargetKind, new_step_id
 
@@ -44,7 +45,7 @@ class FoldRound:
     takes: dict[int, tuple[tf.Tensor, ...]]
     folds: dict[int, list[tf.Tensor]]
     marks: dict[int, tf.Operation]
-    ready_gates: dict[int, list[tf.Tensor]]
+    ready_gates: dict[int, tf.Tensor]
     ready: dict[int, tf.Tensor]
     commits: dict[int, tf.Tensor]
     query_gate: tf.Tensor
@@ -64,6 +65,9 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
             target = opt.targets[tid]
             with tf.device(ps_device(target.ps)):
                 counted[tid] = ec_ops.delta_log_counted(opt._log(target.ps), tid)
+        gs_ps = opt.targets[min(counters)].ps
+        with tf.device(ps_device(gs_ps)):
+            counted_everywhere = _intersect(list(counted.values()), "counted_everywhere")
         takes, folds, marks = {}, {}, {}
         marks_of: dict[int, list[Any]] = collections.defaultdict(list)
         for a in applied:
@@ -78,14 +82,15 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
         gates, ready = {}, {}
         for p in sorted(marks_of):
             with tf.device(ps_device(p)), tf.control_dependencies(marks_of[p]):
-                gates[p] = [tf.identity(c, name="counted_gate") for c in counted.values()]
+                gates[p] = tf.identity(counted_everywhere, name="counted_gate")
             with tf.device(ps_device(p)):
-                ready[p] = ec_ops.delta_log_ready(opt._log(p), gates[p])
+                ready[p] = ec_ops.delta_log_ready(opt._log(p), [gates[p]])
+        with tf.device(ps_device(gs_ps)):
+            ready_everywhere = _intersect(list(ready.values()), "ready_everywhere")
         commits = {}
         for p in sorted(opt.logs):
             with tf.device(ps_device(p)):
-                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), round_id, list(ready.values()))
-        gs_ps = opt.targets[min(counters)].ps
+                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), round_id, [ready_everywhere])
         pending = tf.compat.v1.placeholder(tf.int64, [None], name="pending_sids")
         with tf.device(ps_device(gs_ps)):
             with tf.control_dependencies(list(commits.values())):
@@ -100,11 +105,15 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tens
     plan = opt._fold_plan[a.tid]
     present = []
     if isinstance(plan, ReplicaFolds):
+        with tf.device(a.device):
+            blob, specs = wire.pack([rows, delta, entry, sids, seqs, round_id], "to_replicas")
         for rep_tid in plan.targets:
             target = opt.targets[rep_tid]
             with tf.device(ps_device(target.ps)):
+                r_rows, r_delta, r_entry, r_sids, r_seqs, r_id = wire.unpack(blob, specs)
                 present.append(ec_ops.parity_fold_batch(
-                    target.variables[0], rows, delta, entry, sids, seqs, 1, opt._log(target.ps), round_id, rep_tid, a.tid))
+                    target.variables[0], r_rows, r_delta, r_entry, r_sids, r_seqs, 1, opt._log(target.ps),
+                    tf.reshape(r_id, []), rep_tid, a.tid))
         return present
     assert isinstance(plan, ParityFolds)
     coll = plan.coll
@@ -113,11 +122,24 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tens
     with tf.device(a.device):  # split by route on the data's PS, the entry index routed as a one-word delta
         split = ec_ops.route_deltas(rows, delta, bases, coll.chunk_rows)
         tags = ec_ops.route_deltas(rows, tf.expand_dims(entry, 1), bases, coll.chunk_rows)
-    for route, (prow, sel_delta), (_, sel_entry) in zip(routes, split, tags):
+        blobs = [wire.pack([prow, sel_delta, tf.squeeze(sel_entry, 1), sids, seqs, round_id], f"to_route{j}")
+                 for j, ((prow, sel_delta), (_, sel_entry)) in enumerate(zip(split, tags))]
+    for route, (blob, specs) in zip(routes, blobs):
         parity = opt.parity[coll.name][route.ps]
         ptid = opt._target(variable_name(parity), route.ps, [parity], TargetKind.PARITY)
         with tf.device(ps_device(route.ps)):
+            prow, sel_delta, sel_entry, r_sids, r_seqs, r_id = wire.unpack(blob, specs)
             present.append(ec_ops.parity_fold_batch(
-                parity, prow, sel_delta, tf.squeeze(sel_entry, 1), sids, seqs, route.coef,
-                opt._log(route.ps), round_id, ptid, a.tid))
+                parity, prow, sel_delta, sel_entry, r_sids, r_seqs, route.coef,
+                opt._log(route.ps), tf.reshape(r_id, []), ptid, a.tid))
     return present
+
+
+def _intersect(lists: list[tf.Tensor], name: str) -> tf.Tensor:
+    """The ids in every one of `lists` (1-D int64), in the first list's order."""
+    with tf.name_scope(name):
+        out = lists[0]
+        for other in lists[1:]:
+            missing, _ = tf.raw_ops.ListDiff(x=out, y=other)
+            out, _ = tf.raw_ops.ListDiff(x=out, y=missing)
+        return tf.identity(out)

@@ -68,7 +68,8 @@ def run_action(sess: Any, fr: FoldRound, rnd: Round, kind: str, arg: Any, option
         lists = [set(res["counted", tid].tolist()) for tid in fr.counted]
         res["ready", arg] = np.array(sorted(set.intersection(*lists)), np.int64)
     elif kind == "ready":
-        feed = {g: res["counted", tid] for g, tid in zip(fr.ready_gates[arg], fr.counted)}
+        lists = [set(res["counted", tid].tolist()) for tid in fr.counted]
+        feed = {fr.ready_gates[arg]: np.array(sorted(set.intersection(*lists)), np.int64)}
         res["ready", arg] = sess.run(fr.ready[arg], feed, options=options)
     elif kind == "commit":
         feed = {**ids, **{fr.ready[p]: res["ready", p] for p in fr.ready}}

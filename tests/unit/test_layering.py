@@ -44,6 +44,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.table_layout": 1,
     "tf_ecrec.placement": 1,
     "tf_ecrec.stripe_encoding": 1,
+    "tf_ecrec.wire": 1,
     "tf_ecrec.device": 1,
     "tf_ecrec.failpoints": 1,
     "tf_ecrec.ps_session": 1,
