@@ -29,19 +29,6 @@ def _cluster(tmp_path, steps: int, bare_ps: int | None, env: dict[str, str] | No
                           env=env, env_of=env_of)
 
 
-def test_a_ps_that_only_imports_tf_ecrec_serves_the_kernels(tmp_path) -> None:
-    cluster = _cluster(tmp_path, steps=40, bare_ps=None)
-    try:
-        cluster.start_all()
-        codes = cluster.wait(["chief:0", "worker:0"], timeout=400)
-        assert codes == {"chief:0": 0, "worker:0": 0}, (codes, cluster.log("chief:0")[-3000:])
-        assert "trained to step 40" in cluster.log("chief:0")
-        for p in range(3):
-            assert "ps serving with tf_ecrec imported" in cluster.log(f"ps:{p}")
-    finally:
-        cluster.stop()
-
-
 @pytest.mark.timeout(600)
 def test_a_ps_without_the_kernels_is_named_on_the_chief_and_the_worker_does_not_hang(tmp_path) -> None:
     cluster = _cluster(tmp_path, steps=40, bare_ps=1)
@@ -69,8 +56,12 @@ def test_a_ps_without_the_kernels_is_named_on_the_chief_and_the_worker_does_not_
         cluster.stop()
 
 
-@pytest.mark.timeout(400)
-def test_a_worker_whose_session_reaches_a_dead_chief_fails_within_its_deadline(tmp_path) -> None:
+@pytest.mark.timeout(600)
+def test_a_worker_whose_session_reaches_a_dead_chief_fails_within_its_deadline_and_the_job_then_trains(tmp_path) -> None:
+    """Two claims on one set of PS processes (launched jobs are most of the test command's CPU): a worker
+    whose session reaches a chief that is not running fails within its deadline; then, with the chief
+    started and the worker started again as the README's script has them, the job trains to its end on
+    PS tasks that only imported tf_ecrec (they serve the kernels)."""
     # The user's own session config (no device filters): the worker's session reaches the chief, which is
     # not running (it died before the worker started).  TensorFlow's CreateSession would wait for ever.
     cluster = _cluster(tmp_path, steps=40, bare_ps=None,
@@ -84,5 +75,16 @@ def test_a_worker_whose_session_reaches_a_dead_chief_fails_within_its_deadline(t
         match = re.search(r"tf_ecrec\.errors\.RecoveryError: (.*)", log)
         assert match, log[-4000:]
         assert match.group(1).startswith("worker:0: chief:0 at ") and "within 15 s" in match.group(1), match.group(1)
+
+        # The README's script as it is (its own session config and waits), on the same PS processes.
+        for knob in ("UPGRADE_SESSION_CONFIG", "UPGRADE_TASK_WAIT_SECS"):
+            del cluster.env[knob]
+        cluster.start("chief:0")
+        cluster.start("worker:0")
+        codes = cluster.wait(["chief:0", "worker:0"], timeout=400)
+        assert codes == {"chief:0": 0, "worker:0": 0}, (codes, cluster.log("chief:0")[-3000:])
+        assert "trained to step 40" in cluster.log("chief:0")
+        for p in range(3):
+            assert "ps serving with tf_ecrec imported" in cluster.log(f"ps:{p}")
     finally:
         cluster.stop()
