@@ -32,10 +32,15 @@ class FoldRound:
     feeding what it reads: `takes` (data target id -> rows, delta, entry, sids, seqs) feed `folds`
     (data target id -> a `present` flag vector per fold target) and `marks` (data target id -> the op
     marking what every target holds); `ready` (data PS -> the steps ready there) reads `ready_gates`
-    (data PS -> the `counted` lists, after that PS's marks); `commits` (PS -> the steps committed there)
-    read every `ready`; `committed` reads `query_gate` (the pending ids, after every commit).  The folds
-    and commits read `round_id`, a fresh id carrying the trainer's generation: a PS that admits only
-    later generations refuses a round of a trainer that has not followed the cluster (Aborted).
+    (data PS -> the steps counted on every copy, after that PS's marks); `commits` (PS -> the steps
+    committed there) read every `ready`; `committed` reads `query_gate` (the pending ids, after every
+    commit).  The folds and commits read `round_id`, a fresh id carrying the trainer's generation: a PS
+    that admits only later generations refuses a round of a trainer that has not followed the cluster
+    (Aborted).
+
+    What crosses tasks is packed (`tf_ecrec.wire`): a fold's inputs go to each fold target as one
+    transfer, and the counted and ready lists are intersected on the global step's PS and sent once to
+    each PS from there, instead of each list to each PS.
     """
 
     pending: tf.Tensor
