@@ -351,3 +351,27 @@ def test_each_failure_says_per_trainer_when_it_trained_again_how_many_sessions_a
     assert second["chief:0"] == {"seconds_to_first_step": 3.0, "records_after": 200, "sessions": 1,
                                  "samples_per_sec_before": 200.0, "samples_per_sec_after": None}
     assert second["worker:0"]["records_after"] == 0 and second["worker:0"]["samples_per_sec_before"] == 0.0
+
+
+def test_steps_a_first_recovery_undid_are_not_rolled_back_again_by_a_ps_killed_during_its_rebuild():
+    """ps:1 killed at 300 (`--spare-ps`); its T0 settlement undid 6 returned steps (the job goes on from 297) and
+    its rows are rebuilt in the background; ps:2 killed then, at 297, before any trainer resumed, and rebuilt with
+    it.  The steps 298-300, reported before the first kill, were the first recovery's to settle (undone), not
+    the second's: the events of such a job (2+2 on 4 PS, `--kill ps:2@rebuild`), where the second kill's
+    entry said 3 steps rolled back and none was."""
+    t0 = 1000.0
+    events = [
+        Event(26.556, "kill", "ps:1", 300),
+        Event(29.885, "rebuilding", "chief:0", 297, {"lost_ps": [1], "steps_undone": 6}),
+        Event(29.978, "kill", "ps:2", 297),
+        Event(32.075, "rebuilding", "chief:0", 297, {"lost_ps": [1, 2], "steps_undone": 0}),
+        Event(32.347, "resumed", "ps:2", 297),
+        Event(32.347, "resumed", "ps:1", 297),
+        Event(57.646, "recovered", "chief:0", 660, {"method": "parity", "lost_ps": [1, 2], "steps_undone": 0}),
+    ]
+    timeline = [(t0 + 25.0, 298, 128), (t0 + 26.5, 300, 128), (t0 + 32.4, 299, 128)]
+    first, second = recovery_entries(events, "ecrec", timeline, t0)
+    assert first["method"] == second["method"] == "parity"
+    assert first["reached_step"] == 300 and first["resumed_from_step"] == 297, first
+    assert second["reached_step"] == 297 and second["resumed_from_step"] == 297, second
+    assert second["steps_rolled_back"] == 0, second

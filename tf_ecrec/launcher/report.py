@@ -156,10 +156,8 @@ def recovery_entries(
             method = {"checkpoint": "checkpoint", "none": "init"}.get(fault_tolerance, "unknown")
         else:
             method = "none"  # a worker or the chief: no state to rebuild
-        # The lowest global step seen after the kill: a new session's first read,
-        # or the step of the first completed step.  With several workers another
-        # worker may complete a step before the chief's first read, so this can
-        # exceed the true restore point by up to (workers - 1) steps.
+        # The lowest global step seen after the kill: a new session's first read, or the step of the first completed
+        # step (with several workers, up to workers - 1 steps above the true restore point).
         seen = [
             e.global_step
             for e in later
@@ -167,8 +165,10 @@ def recovery_entries(
         ]
         if resumed is not None:
             seen.append(resumed.global_step)
-        # The highest step reported sent before the kill (datagrams read late land past the trigger).
-        reached = max([kill.global_step] + [s for t, s, _ in timeline if t - t0 <= kill.t])
+        # The highest step reported sent before the kill (datagrams read late land past the trigger), but after an
+        # earlier recovery's settlement or resumption: the steps before it were that recovery's (undone or kept).
+        floor = max((e.t for e in events[:i] if e.kind in ("resumed", "rebuilding", "recovered")), default=-math.inf)
+        reached = max([kill.global_step] + [s for t, s, _ in timeline if floor < t - t0 <= kill.t])
         resumed_from = min(min(seen), reached) if seen else None
         upto = resumed.t if resumed is not None else float("inf")
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
