@@ -375,3 +375,17 @@ def test_steps_a_first_recovery_undid_are_not_rolled_back_again_by_a_ps_killed_d
     assert first["reached_step"] == 300 and first["resumed_from_step"] == 297, first
     assert second["reached_step"] == 297 and second["resumed_from_step"] == 297, second
     assert second["steps_rolled_back"] == 0, second
+
+
+def test_the_steady_rate_counts_overlapping_failure_windows_once():
+    """A PS and the chief killed while another PS's recovery was under way: three windows, overlapping, lost
+    once (seen: their sum exceeded the run, and the report printed 220,928,000,000,000 samples/s)."""
+    t0 = 1000.0
+    timeline = [(t0 + t, t * 10, 100) for t in range(1, 61) if not 20 < t < 50]
+    events = [Event(20.0, "kill", "ps:1", 200), Event(23.0, "kill", "ps:2", 195), Event(23.0, "kill", "chief:0", 195),
+              Event(49.5, "resumed", "ps:2", 195), Event(49.5, "resumed", "chief:0", 195),
+              Event(49.6, "resumed", "ps:1", 195)]
+    steady, effective = steady_rates(timeline, events, t0, warmup_step=50)
+    # warm-up ends at t=5; records after it: t=6..20 and 50..60 = 26 datagrams; lost: 20 -> 49.6
+    assert steady == pytest.approx(2600 / (55 - 29.6))
+    assert effective == pytest.approx(2600 / 55)

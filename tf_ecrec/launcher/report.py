@@ -165,8 +165,7 @@ def recovery_entries(
         ]
         if resumed is not None:
             seen.append(resumed.global_step)
-        # The highest step reported sent before the kill (datagrams read late land past the trigger), but after an
-        # earlier recovery's settlement or resumption: the steps before it were that recovery's (undone or kept).
+        # The highest step sent before the kill (read late or not), after any earlier recovery's settlement: not its own.
         floor = max((e.t for e in events[:i] if e.kind in ("resumed", "rebuilding", "recovered")), default=-math.inf)
         reached = max([kill.global_step] + [s for t, s, _ in timeline if floor < t - t0 <= kill.t])
         resumed_from = min(min(seen), reached) if seen else None
@@ -280,7 +279,9 @@ def steady_rates(
     for kill in (e for e in events if e.kind in ("kill", "crash")):
         resumed = next((e for e in events if e.kind == "resumed" and e.task == kill.task and e.t >= kill.t), None)
         gaps.append((t0 + kill.t, t0 + resumed.t if resumed else end))
-    lost = sum(max(0.0, min(b, end) - max(a, start)) for a, b in gaps)
+    lost, reach = 0.0, start  # the union of the gaps (a failure during another's recovery overlaps it)
+    for a, b in sorted(gaps):
+        lost, reach = lost + max(0.0, min(b, end) - max(a, reach)), max(reach, min(b, end))
     busy = max(1e-9, end - start - lost)
     effective = records / max(1e-9, end - start)
     return records / busy, effective
