@@ -118,7 +118,7 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tens
                 r_rows, r_delta, r_entry, r_sids, r_seqs, r_id = wire.unpack(blob, specs)
                 present.append(ec_ops.parity_fold_batch(
                     target.variables[0], r_rows, r_delta, r_entry, r_sids, r_seqs, 1, opt._log(target.ps),
-                    tf.reshape(r_id, []), rep_tid, a.tid))
+                    r_id, rep_tid, a.tid))
         return present
     assert isinstance(plan, ParityFolds)
     coll = plan.coll
@@ -136,7 +136,7 @@ def _fold(opt: ECOptimizer, a: AppliedUpdate, round_id: tf.Tensor, rows: tf.Tens
             prow, sel_delta, sel_entry, r_sids, r_seqs, r_id = wire.unpack(blob, specs)
             present.append(ec_ops.parity_fold_batch(
                 parity, prow, sel_delta, sel_entry, r_sids, r_seqs, route.coef,
-                opt._log(route.ps), tf.reshape(r_id, []), ptid, a.tid))
+                opt._log(route.ps), r_id, ptid, a.tid))
     return present
 
 
