@@ -80,8 +80,9 @@ def default_params(**overrides: Any) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"DCN has no parameters {unknown}; known: {sorted(DEFAULT_PARAMS)}; source: params")
     params = {**DEFAULT_PARAMS, **{k: v for k, v in overrides.items() if v is not None and k not in _IGNORED}}
-    if len(params["table_sizes"]) != NUM_CAT:
-        raise ConfigError(f"DCN needs {NUM_CAT} table sizes, got {len(params['table_sizes'])}; source: table_sizes")
+    if not 1 <= len(params["table_sizes"]) <= NUM_CAT:
+        raise ConfigError(f"DCN needs 1 to {NUM_CAT} table sizes (one per categorical it reads), got "
+                          f"{len(params['table_sizes'])}; source: table_sizes")
     if params["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"optimizer {params['optimizer']!r} is not one of {OPTIMIZERS}; source: --optimizer")
     if int(params["cross_layers"]) < 1:
@@ -97,7 +98,7 @@ class DCN(tf.keras.Model):
     """The DCN-v2 click model: ``call(features)`` -> logits [batch].
 
     Args:
-      table_sizes: rows of each of the 26 categorical tables.
+      table_sizes: rows of the table of each categorical read (the first len(table_sizes) of 26).
       embedding_dim: values per embedding row.
       cross_layers: Cross layers in the stack.
       projection_dim: rank of the cross kernels (None: full rank).
@@ -162,12 +163,12 @@ class DCN(tf.keras.Model):
         self.logit = _dense(1, None, "logit")
 
     def call(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        cat = features["cat"]
+        cat = features["cat"][:, : len(self.table_sizes)]
         if isinstance(self.embeddings, list):
             rows = tf.stack([table(cat[:, i]) for i, table in enumerate(self.embeddings)], axis=1)
         else:
-            rows = self.embeddings(cat)  # [B, 26, d], one gather per PS
-        x0 = tf.concat([features["dense"], tf.reshape(rows, [-1, NUM_CAT * self.embedding_dim])], axis=1)
+            rows = self.embeddings(cat)  # [B, tables, d], one gather per PS
+        x0 = tf.concat([features["dense"], tf.reshape(rows, [-1, len(self.table_sizes) * self.embedding_dim])], axis=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)

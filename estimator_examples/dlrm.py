@@ -49,8 +49,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
 def default_params(**overrides: Any) -> dict[str, Any]:
     """DEFAULT_PARAMS with `overrides`, validated."""
     params = {**DEFAULT_PARAMS, **{k: v for k, v in overrides.items() if v is not None}}
-    if len(params["table_sizes"]) != NUM_CAT:
-        raise ConfigError(f"DLRM needs {NUM_CAT} table sizes, got {len(params['table_sizes'])}; source: table_sizes")
+    if not 1 <= len(params["table_sizes"]) <= NUM_CAT:
+        raise ConfigError(f"DLRM needs 1 to {NUM_CAT} table sizes (one per categorical it reads), got "
+                          f"{len(params['table_sizes'])}; source: table_sizes")
     if params["bottom_mlp"][-1] != params["embedding_dim"]:
         raise ConfigError(
             f"the bottom MLP's last width {params['bottom_mlp'][-1]} must equal embedding_dim "
@@ -81,7 +82,7 @@ def make_optimizer(name: str, learning_rate: float) -> tf.compat.v1.train.Optimi
 
 
 def embedding_tables(params: dict[str, Any], num_ps: int) -> list[tf.Variable]:
-    """The 26 tables, each partitioned over the PS tasks (row-wise)."""
+    """The tables (one per categorical read), each partitioned over the PS tasks (row-wise)."""
     tables = []
     for i, rows in enumerate(params["table_sizes"]):
         tables.append(
@@ -106,7 +107,7 @@ def dlrm_logits(
     x = features["dense"]
     for width in params["bottom_mlp"]:
         x = _dense(width, "relu")(x)
-    vectors = [x] + [lookup(i, features["cat"][:, i]) for i in range(NUM_CAT)]
+    vectors = [x] + [lookup(i, features["cat"][:, i]) for i in range(len(params["table_sizes"]))]
     interactions = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)(vectors)
     y = tf.concat([x, interactions], axis=1)
     for width in params["top_mlp"]:
@@ -148,7 +149,7 @@ def model_fn(
                     "dlrm", specs, params["embedding_dim"], ec=tf_ecrec.ECConfig.parse(params["storage_code"]),
                     num_ps=config.num_ps_replicas, protected=False,
                 )
-        rows = tf.unstack(tables.lookup_all(features["cat"]), axis=1)
+        rows = tf.unstack(tables.lookup_all(features["cat"][:, : len(specs)]), axis=1)
         lookup: Callable[[int, tf.Tensor], tf.Tensor] = lambda i, ids: rows[i]  # noqa: E731
     else:
         partitioned = embedding_tables(params, config.num_ps_replicas)

@@ -95,8 +95,9 @@ class KerasDLRM(tf.keras.Model):
         x = features["dense"]
         for layer in self.bottom:
             x = layer(x)
-        rows = self.embeddings(features["cat"])  # [B, 26, dim]: one gather per PS
-        vectors = [x] + tf.unstack(rows, num=NUM_CAT, axis=1)
+        n = len(self.params["table_sizes"])  # the first n categoricals (--tables)
+        rows = self.embeddings(features["cat"][:, :n])  # [B, n, dim]: one gather per PS
+        vectors = [x] + tf.unstack(rows, num=n, axis=1)
         y = tf.concat([x, self.interaction(vectors)], axis=1)
         for layer in self.top:
             y = layer(y)

@@ -145,7 +145,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    help="no throughput plot beside the report (saves matplotlib's import and render, ~1.5 CPU-s)")
     p.add_argument("--optimizer", default="adagrad", choices=values(Optimizer))
     p.add_argument("--learning-rate", type=float, default=0.05)
-    p.add_argument("--table-rows", type=int, default=20000, help="rows of each of the 26 tables")
+    p.add_argument("--table-rows", type=int, default=20000, help="rows of each table")
+    p.add_argument("--tables", type=int, default=26,
+                   help="the model's tables: one per categorical of the first N of Criteo's 26 (fewer: a lighter run)")
     p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--on-corrupt", default="skip", choices=values(OnCorrupt), help="corrupt Criteo lines")
     p.add_argument("--shard-batches", type=int, default=8, help="batches per data shard")
@@ -220,6 +222,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
         table_rows=args.table_rows,
+        tables=args.tables,
         embedding_dim=args.embedding_dim,
         on_corrupt=args.on_corrupt,
         shard_batches=args.shard_batches,

@@ -183,7 +183,7 @@ def test_with_a_spare_training_goes_on_while_the_killed_ps_rows_are_rebuilt_even
     # The chief read the global step when trainers were let in and when the last row was installed:
     # steps completed in between, on a PS whose rows were partly there.
     assert done["global_step"] > started["global_step"], (started, done)
-    assert rec["bytes_rebuilt"] > 50_000_000
+    assert rec["bytes_rebuilt"] > 20_000_000
     # Every trainer trained again after each failure, from its own step datagrams.  Its sessions are not bounded
     # here: the worker's wait for the chief's 20 s restart ends with its session's deadline (a failover BUILD).
     for failure in report["recovery"]:

@@ -47,6 +47,8 @@ def test_malformed_kill_is_a_config_error(text):
         ({"fault_tolerance": "none", "checkpoint_steps": 10}, r"a checkpoint interval was given with --fault-tolerance none"),
         ({"deterministic": True, "workers": 2}, r"--deterministic needs --workers 1"),
         ({"ps": 0}, r"--ps 0 must be >= 1"),
+        ({"tables": 0}, r"--tables 0 must be in 1..26 \(the data's categoricals\); source: --tables"),
+        ({"tables": 27}, r"--tables 27 must be in 1..26"),
         ({"data": "criteo:"}, r"must be 'synthetic', 'criteo:PATH\[,PATH...\]', 'stream:DIR' or 'stream:redis://"),
         ({"data": "stream:"}, r"'stream:DIR' or"),
         ({"data": "stream:redis://127.0.0.1:6379/clicks"}, r"redis://HOST:PORT/DB/TOPIC/PARTITION"),
@@ -165,3 +167,24 @@ def test_malformed_add_worker_is_a_config_error(text):
 
     with pytest.raises(ConfigError, match=r"--add-worker .* is malformed; expected step=N"):
         parse_add_workers([text])
+
+
+@pytest.mark.parametrize("model", ["dlrm", "dcn", "keras_dlrm"])
+def test_fewer_tables_give_the_model_that_many_and_the_data_all_26_columns(model):
+    """--tables N: the built-in models get N table sizes; the data still hashes 26 categoricals, the
+    ones no table reads into one row (`data_sizes`); a user module returning another count is refused."""
+    from tf_ecrec.launcher.models import data_sizes, load_model, model_params
+
+    pss = {"strategy": "pss", "fault_tolerance": "ecrec"} if model == "keras_dlrm" else {}
+    job = JobSpec(model=model, tables=4, table_rows=300, **pss)
+    params = model_params(job, load_model(model, keras=bool(pss)))
+    assert params["table_sizes"] == [300] * 4
+    assert data_sizes(params) == [300] * 4 + [1] * 22
+
+    class TwentySix:
+        @staticmethod
+        def default_params(**flags):
+            return {**flags, "table_sizes": [300] * 26}
+
+    with pytest.raises(ConfigError, match=r"rule: 4 sizes \(--tables\).*source: the model module"):
+        model_params(job, TwentySix)

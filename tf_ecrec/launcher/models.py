@@ -21,15 +21,17 @@ def load_model(name: str, keras: bool = False) -> Any:
 
     - ``model_fn(features, labels, mode, params, config)``: an Estimator
       model_fn.  ``features`` is ``{"dense": float32 [batch, 13], "cat":
-      int64 [batch, 26]}`` (the Criteo layout of ``--data``, categoricals
-      hashed into ``params["table_sizes"]``), ``labels`` float32 [batch].
+      int64 [batch, 26]}`` (the Criteo layout of ``--data``), ``labels``
+      float32 [batch]; with ``--tables N`` the model's ``table_sizes`` has N
+      sizes and categorical i < N is hashed into ``table_sizes[i]`` rows (the
+      rest are 0: `data_sizes`), so a model reads ``cat[:, :len(table_sizes)]``.
       Under ``--fault-tolerance ecrec``, ``params["ec"]`` is True and the
       model must build its tables with `tf_ecrec.EmbeddingTable` or
       `tf_ecrec.EmbeddingCollection` and wrap its optimizer in
       `tf_ecrec.ECOptimizer` (the launcher wraps the model_fn with
       `tf_ecrec.ec_model_fn`, which refuses a model that does not);
     - ``default_params(**flags)`` (optional): the params, given the flags
-      ``table_sizes`` (26 sizes), ``embedding_dim``, ``bottom_mlp``,
+      ``table_sizes`` (``--tables`` sizes, 26 by default), ``embedding_dim``, ``bottom_mlp``,
       ``optimizer``, ``learning_rate``, ``storage``, ``storage_code``;
       without it the params are those flags.
 
@@ -62,7 +64,7 @@ def load_model(name: str, keras: bool = False) -> Any:
 def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
     d = job.embedding_dim
     flags = {
-        "table_sizes": [job.table_rows] * 26,
+        "table_sizes": [job.table_rows] * job.tables,
         "embedding_dim": d,
         "bottom_mlp": [64, d],
         "optimizer": job.optimizer.value,
@@ -73,7 +75,14 @@ def model_params(job: JobSpec, module: Any) -> dict[str, Any]:
     if not hasattr(module, "default_params"):
         return flags
     params = dict(module.default_params(**flags))
-    if len(params.get("table_sizes", ())) != 26:
+    if len(params.get("table_sizes", ())) != job.tables:
         raise ConfigError(f"--model {job.model!r}: default_params returned table_sizes={params.get('table_sizes')!r}; "
-                          "rule: 26 sizes, one per Criteo categorical; source: the model module")
+                          f"rule: {job.tables} sizes (--tables), one per Criteo categorical it reads; source: the model module")
     return params
+
+
+def data_sizes(params: dict[str, Any]) -> list[int]:
+    """The rows the data hashes each of its 26 categoricals into: the model's ``table_sizes`` for the first
+    ``len(table_sizes)`` (``--tables``), 1 for the rest (all ids 0: columns no table reads)."""
+    sizes = [int(n) for n in params["table_sizes"]]
+    return sizes + [1] * (26 - len(sizes))

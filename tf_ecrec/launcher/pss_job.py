@@ -38,7 +38,7 @@ from tf_ecrec.config import ClusterConfig
 from tf_ecrec.errors import ConfigError, LaunchError
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
-from tf_ecrec.launcher.models import load_model, model_params
+from tf_ecrec.launcher.models import data_sizes, load_model, model_params
 from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.launcher.status import StatusKind
 
@@ -110,7 +110,7 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
         model = module.keras_model(params)
         model.compile(optimizer=protection.optimizer(make_optimizer(params["optimizer"], params["learning_rate"])),
                       loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-    source = SyntheticCriteo(params["table_sizes"], job.steps * job.batch_size, seed=job.seed)
+    source = SyntheticCriteo(data_sizes(params), job.steps * job.batch_size, seed=job.seed)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         share = math.ceil(source.num_records / context.num_input_pipelines)

@@ -21,7 +21,6 @@ MODELS = ("dlrm", "dcn", "keras_dlrm")
 # A user's model module (`tf_ecrec.launcher.task.load_model`): a dotted import path.
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
-
 _E = TypeVar("_E", bound=enum.Enum)
 
 
@@ -33,10 +32,10 @@ def _member(kind: type[_E], value: Any, flag: str) -> _E:
         allowed = tuple(m.value for m in kind)
         raise ConfigError(f"{flag} {value!r} is not one of {allowed}; source: {flag}") from None
 
+
 _HOST_PORT = re.compile(r"^[^\s:/]+:(?P<port>\d{1,5})$")
 
-ENV_SPARE_ADDRESS = "TF_ECREC_SPARE_ADDRESS"
-"""Set by the launcher for a spare PS process (``spare_ps``): the address it stands by at."""
+ENV_SPARE_ADDRESS = "TF_ECREC_SPARE_ADDRESS"  # set by the launcher for a spare PS process: the address it stands by at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +111,7 @@ class JobSpec:
     plot: bool = True  # the report's throughput plot (a PNG beside it)
     optimizer: Optimizer = Optimizer.ADAGRAD
     table_rows: int = 20000
+    tables: int = 26  # the model's tables: the first N of the data's 26 categoricals
     embedding_dim: int = 16
     learning_rate: float = 0.05
     on_corrupt: OnCorrupt = OnCorrupt.SKIP
@@ -181,15 +181,13 @@ class JobSpec:
         _check(self.steps >= 1, f"--steps {self.steps} must be >= 1", "--steps")
         _check(self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1", "--batch-size")
         _check(self.table_rows >= 1, f"--table-rows {self.table_rows} must be >= 1", "--table-rows")
+        _check(1 <= self.tables <= 26, f"--tables {self.tables} must be in 1..26 (the data's categoricals)", "--tables")
         _check(self.embedding_dim >= 1, f"--embedding-dim {self.embedding_dim} must be >= 1", "--embedding-dim")
         _check(self.learning_rate > 0, f"--learning-rate {self.learning_rate} must be > 0", "--learning-rate")
         _check(self.shard_batches >= 1, f"--shard-batches {self.shard_batches} must be >= 1", "--shard-batches")
         _check(self.restart_delay >= 0, f"--restart-delay {self.restart_delay} must be >= 0", "--restart-delay")
-        _check(
-            isinstance(self.spare_ps, int) and not isinstance(self.spare_ps, bool) and self.spare_ps >= 0,
-            f"--spare-ps {self.spare_ps!r} must be an integer >= 0",
-            "--spare-ps",
-        )
+        _check(isinstance(self.spare_ps, int) and not isinstance(self.spare_ps, bool) and self.spare_ps >= 0,
+               f"--spare-ps {self.spare_ps!r} must be an integer >= 0", "--spare-ps")
         _check(self.session_timeout > 0, f"--session-timeout {self.session_timeout} must be > 0", "--session-timeout")
         _check(0 < self.ps_wait < float("inf"), f"--ps-wait {self.ps_wait} must be > 0 and finite", "--ps-wait")
         _check(self.rebuild_slice_mb > 0, f"--rebuild-slice-mb {self.rebuild_slice_mb} must be > 0", "--rebuild-slice-mb")

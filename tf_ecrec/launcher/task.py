@@ -38,7 +38,7 @@ from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
 from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
-from tf_ecrec.launcher.models import load_model, model_params
+from tf_ecrec.launcher.models import data_sizes, load_model, model_params
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
 from tf_ecrec.ps_session import fast_reconnect, own_server
@@ -53,7 +53,7 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
     from tf_ecrec.data.synthetic import SyntheticCriteo
 
     if job.data == "synthetic":
-        return SyntheticCriteo(params["table_sizes"], job.steps * job.batch_size, seed=job.seed)
+        return SyntheticCriteo(data_sizes(params), job.steps * job.batch_size, seed=job.seed)
     if job.stream_dir is not None:
         from tf_ecrec.data.stream import open_stream
 
@@ -205,7 +205,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         master.register_dataset(source.num_records)
 
         def input_fn() -> tf.data.Dataset:
-            return master.data.dataset(source, job.batch_size, params["table_sizes"])
+            return master.data.dataset(source, job.batch_size, data_sizes(params))
 
     else:
         shards = StaticShards(
@@ -213,13 +213,13 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         )
 
         def input_fn() -> tf.data.Dataset:
-            return make_dataset(source, shards, job.batch_size, params["table_sizes"])
+            return make_dataset(source, shards, job.batch_size, data_sizes(params))
 
     model_fn = with_data_accounting(model_fn)
     if job.deterministic:
         # The batch of each step is a function of the global step, so a step a
         # failure cut is retried on the same records (see with_step_keyed_data).
-        model_fn = with_step_keyed_data(model_fn, source, job.batch_size, params["table_sizes"])
+        model_fn = with_step_keyed_data(model_fn, source, job.batch_size, data_sizes(params))
         input_fn = step_keyed_input_fn
 
     hooks: list[Any] = [
