@@ -41,7 +41,7 @@ from tf_ecrec.master.client import MasterClient
 
 MASTER_POD = "dlrm-master-local"
 TRAINERS = ["dlrm-chief-0", "dlrm-worker-0"]
-SMALL = {"steps": 600, "batch_size": 128, "table_rows": 2000, "embedding_dim": 8, "shard_batches": 2}
+SMALL = {"steps": 600, "batch_size": 128, "table_rows": 2000, "tables": 4, "embedding_dim": 8, "shard_batches": 2}
 
 
 def _shrink(objects: list[dict]) -> dict:

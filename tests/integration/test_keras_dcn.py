@@ -32,6 +32,7 @@ from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
+from tf_ecrec.launcher.models import data_sizes
 from tf_ecrec.live_cluster import read_manifest, read_variables, variables_digest
 from tf_ecrec.model_fn import ec_model_fn
 from tf_ecrec.verify import check_parity, redundancy_names
@@ -46,7 +47,7 @@ def cluster(ps_cluster):
     return ps_cluster
 
 
-SMALL = {"table_sizes": [300] * 26, "embedding_dim": 4, "cross_layers": 2, "projection_dim": 8, "deep_mlp": [16]}
+SMALL = {"table_sizes": [300] * 6, "embedding_dim": 4, "cross_layers": 2, "projection_dim": 8, "deep_mlp": [16]}
 BATCH = 64
 
 
@@ -59,8 +60,8 @@ def _run_config(cluster, model_dir, device_fn=False):
 
 
 def _input_fn(params):
-    source = SyntheticCriteo(params["table_sizes"], 50 * BATCH, seed=1)
-    return lambda: make_dataset(source, StaticShards(source.num_records, 4 * BATCH), BATCH, params["table_sizes"])
+    source = SyntheticCriteo(data_sizes(params), 50 * BATCH, seed=1)
+    return lambda: make_dataset(source, StaticShards(source.num_records, 4 * BATCH), BATCH, data_sizes(params))
 
 
 class _Runs(tf.compat.v1.train.SessionRunHook):
@@ -204,7 +205,7 @@ def test_plain_dcn_trains_keras_embeddings_spread_over_the_ps_tasks(cluster, tmp
     values, manifest, runs = _train(cluster, estimator, params, 4, tmp_path)
     assert "ec" not in manifest
     tables = [r for r in manifest["variables"] if r["name"].endswith("/embeddings")]
-    assert len(tables) == 26 and {r["device"] for r in tables} == {f"/job:ps/task:{p}" for p in range(3)}
+    assert len(tables) == 6 and {r["device"] for r in tables} == {f"/job:ps/task:{p}" for p in range(3)}
     assert {r["name"] + "/Adagrad" for r in tables} <= set(values)  # the stock optimizer's slots
     assert runs.runs == 4 and values["global_step"] == 4
 
