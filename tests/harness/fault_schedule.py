@@ -214,7 +214,12 @@ class Rig:
             except tf.errors.OpError:
                 self.drop_session()
         tf.compat.v1.Session.reset(target)
-        sess = tf.compat.v1.Session(target, graph=self.graph)
+        # Every call without RunOptions of its own (settlement, recovery, reads) under the deadline the chief's
+        # own calls have in a launched job (its session's operation timeout): without one, a session call
+        # whose partition never answered waited for good (seen three times in full runs under load: the
+        # stale settlement's session call sat in RunPartitions with no thread of any partition running).
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=ACTION_TIMEOUT_MS)
+        sess = tf.compat.v1.Session(target, graph=self.graph, config=config)
         sess.run(self.init)
         self._session = (target, sess)
         return sess
@@ -328,6 +333,7 @@ class Stats:
     rows_asked_by_lookups: int = 0
     parity_checks: int = 0
     unrecoverable: int = 0
+    chief_call_deadlines: int = 0  # a chief-side call cut by its deadline: the chief restarted (a full settlement)
     violations: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, other: Stats) -> None:
@@ -454,9 +460,9 @@ class Sequence:
         elif event == "kill_worker" and not self.atomic:
             self._kill_worker()
         elif event == "stale":
-            self._settle_dead()
+            self._chief_call(self._settle_dead)
         elif event == "chief_restart":
-            self._full_settle("chief restart")
+            self._chief_call(lambda: self._full_settle("chief restart"))
         elif event == "kill_ps":
             return self._kill_ps()
         elif event == "generation":
@@ -763,6 +769,22 @@ class Sequence:
             self.rig.plan.reconciler.settle(self.sess, range(self.rig.num_ps), only=dead)
             self.stats.stale_settlements += 1
             self._check("stale settlement")
+
+    def _chief_call(self, action: Callable[[], None], attempts: int = 3) -> None:
+        """Runs a chief-side `action`; one cut by its session deadline is what a launched chief meets when a
+        call outlives its operation timeout: its session fails and the restarted chief settles everything.
+        Past `attempts` such restarts in a row the deadline is the sequence's failure, named."""
+        for attempt in range(attempts):
+            try:
+                if attempt == 0:
+                    action()
+                else:
+                    self._full_settle("chief restart after a deadline")
+                return
+            except tf.errors.DeadlineExceededError:
+                self.stats.chief_call_deadlines += 1
+        raise HungAction(f"seed {self.seed}: {attempts} chief calls in a row outlived their {ACTION_TIMEOUT_MS} ms "
+                         "deadline")
 
     def _full_settle(self, where: str) -> None:
         self.rig.plan.prepare(self.sess, restore=None)  # nothing lost: a chief (re)start settles everything
