@@ -56,8 +56,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     p.add_argument("--deterministic", action="store_true", help="one worker, fixed order, deterministic ops")
     p.add_argument("--fault-tolerance", default="checkpoint", choices=values(FaultTolerance))
-    p.add_argument("--ec", default="2+1", metavar="K+R",
-                   help="erasure code for --fault-tolerance ecrec (and the layout of --storage collection)")
+    p.add_argument("--ec", default=None, metavar="K+R",
+                   help="erasure code for --fault-tolerance ecrec (and the layout of --storage collection); 2+1 "
+                        "when not given. Given with another fault tolerance on partitioned tables, it is refused")
     p.add_argument(
         "--storage",
         default=None,
@@ -191,6 +192,11 @@ def job_from_args(args: argparse.Namespace) -> Any:
     from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
     from tf_ecrec.launcher.spec import JobSpec
 
+    if args.ec is not None and args.fault_tolerance != "ecrec" and args.storage != "collection":
+        # Even --ec 2+1, the default code: a user who names a code expects it to protect something.
+        raise ConfigError(f"--ec {args.ec} was given with --fault-tolerance {args.fault_tolerance}, which does not "
+                          "erasure-code the tables; add --fault-tolerance ecrec (or --storage collection for its "
+                          "layout unprotected); source: --ec")
     return JobSpec(
         model=args.model,
         data=args.data,
@@ -202,7 +208,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
         seed=args.seed,
         deterministic=args.deterministic,
         fault_tolerance=args.fault_tolerance,
-        ec=args.ec,
+        ec=args.ec or "2+1",
         storage=args.storage,
         checkpoint_steps=args.checkpoint_steps,
         checkpoint_secs=args.checkpoint_secs,

@@ -188,3 +188,16 @@ def test_fewer_tables_give_the_model_that_many_and_the_data_all_26_columns(model
 
     with pytest.raises(ConfigError, match=r"rule: 4 sizes \(--tables\).*source: the model module"):
         model_params(job, TwentySix)
+
+
+@pytest.mark.parametrize("flags", [["--ec", "2+1"], ["--fault-tolerance", "flash", "--ec", "2+1"],
+                                   ["--fault-tolerance", "none", "--ec", "4+1"]])
+def test_a_code_given_with_a_fault_tolerance_that_does_not_use_it_is_refused(tmp_path, capsys, flags):
+    """`tf-ecrec run --ec 2+1` without --fault-tolerance ecrec once trained with checkpoints alone, silently:
+    the code named is the default one, so the spec could not tell it was asked for."""
+    from tf_ecrec.cli import main
+
+    assert main(["run", "--model-dir", str(tmp_path / "m"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"--ec {flags[-1]} was given with --fault-tolerance" in err and "source: --ec" in err, err
+    assert not (tmp_path / "m").exists()  # refused before anything started
