@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tf_ecrec.data.schema import NUM_CAT
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.spec import JobSpec
 
@@ -85,4 +86,4 @@ def data_sizes(params: dict[str, Any]) -> list[int]:
     """The rows the data hashes each of its 26 categoricals into: the model's ``table_sizes`` for the first
     ``len(table_sizes)`` (``--tables``), 1 for the rest (all ids 0: columns no table reads)."""
     sizes = [int(n) for n in params["table_sizes"]]
-    return sizes + [1] * (26 - len(sizes))
+    return sizes + [1] * (NUM_CAT - len(sizes))

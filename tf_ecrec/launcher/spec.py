@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any, TypeVar
 
+from tf_ecrec.data.schema import NUM_CAT
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import diagnosis, elastic, intervals
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
@@ -111,7 +112,7 @@ class JobSpec:
     plot: bool = True  # the report's throughput plot (a PNG beside it)
     optimizer: Optimizer = Optimizer.ADAGRAD
     table_rows: int = 20000
-    tables: int = 26  # the model's tables: the first N of the data's 26 categoricals
+    tables: int = NUM_CAT  # the model's tables: the first N of the data's 26 categoricals
     embedding_dim: int = 16
     learning_rate: float = 0.05
     on_corrupt: OnCorrupt = OnCorrupt.SKIP
@@ -181,7 +182,7 @@ class JobSpec:
         _check(self.steps >= 1, f"--steps {self.steps} must be >= 1", "--steps")
         _check(self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1", "--batch-size")
         _check(self.table_rows >= 1, f"--table-rows {self.table_rows} must be >= 1", "--table-rows")
-        _check(1 <= self.tables <= 26, f"--tables {self.tables} must be in 1..26 (the data's categoricals)", "--tables")
+        _check(1 <= self.tables <= NUM_CAT, f"--tables {self.tables} must be in 1..{NUM_CAT} (the data's categoricals)", "--tables")
         _check(self.embedding_dim >= 1, f"--embedding-dim {self.embedding_dim} must be >= 1", "--embedding-dim")
         _check(self.learning_rate > 0, f"--learning-rate {self.learning_rate} must be > 0", "--learning-rate")
         _check(self.shard_batches >= 1, f"--shard-batches {self.shard_batches} must be >= 1", "--shard-batches")
