@@ -208,7 +208,9 @@ def test_a_second_ps_lost_while_the_first_is_rebuilt_onto_the_spare_is_rebuilt_w
     (r = 2 covers them), nothing is rolled back, every trainer trains again after each loss, the job ends
     with every record trained and parity exact, and the report does not count the steps the first recovery
     undid as the second one's rollback."""
-    report, err = _run(tmp_path, "--ec", "2+2", "--ps", "4", "--workers", "2", "--steps", "500", "--spare-ps", "1",
+    # 700 steps: at 4 tables the job trains ~55 steps/s here, so 500 left less than the 5 s window after the second
+    # recovery in which the report looks for the rate to come back (two failed runs of "back" on 2026-11-30).
+    report, err = _run(tmp_path, "--ec", "2+2", "--ps", "4", "--workers", "2", "--steps", "700", "--spare-ps", "1",
                        "--table-rows", "30000", "--kill", "ps:1@step=200", "--kill", "ps:2@rebuild",
                        "--rebuild-slice-mb", "0.125", "--rebuild-share", "0.5", "--restart-delay", "inf")
     assert [r["task"] for r in report["recovery"]] == ["ps:1", "ps:2"], report["recovery"]

@@ -182,6 +182,8 @@ def test_workers_join_and_leave_a_running_job_and_a_hung_one_is_noticed_and_rest
     assert "remove" in _events(report, "worker:0") and "exit" in _events(report, "worker:0")
     assert "asked worker:0 to leave" in err and "added worker:1" in err
     assert "left the master's view of live tasks" in err
+    frozen = [e for e in report["exits"] if e["task"] == "worker:1"]
+    assert frozen[0]["kind"] == "hang" and "silent to the job master" in frozen[0]["detail"], frozen
     # The leaving worker stopped training cleanly and gave its leases back.
     assert "stopping after the current step and leaving the job" in _log(str(model_dir), "worker-0.log")
     assert re.search(r"Task worker:1 generation 1 declared lost \(silent for more than 3s\)",

@@ -144,6 +144,26 @@ def test_steps_undone_at_t0_of_a_background_rebuild_are_not_a_rollback_when_its_
     assert (entry["steps_undone"], entry["steps_rolled_back"]) == (3, 0), entry
 
 
+def test_a_ps_lost_inside_another_ones_rebuild_is_not_charged_with_the_steps_the_first_settlement_undid():
+    """The run that found it: ps:1 killed at step 201, T0's settlement undid 3 steps (global step 198), ps:2 killed
+    as the rebuild began, before any step: ps:2 reached 198, not the launcher's last read of 201."""
+    events = [
+        Event(20.0, "kill", "ps:1", 201),
+        Event(21.0, "rebuilding", "chief:0", 198, {"lost_ps": [1], "steps_undone": 3}),
+        Event(21.1, "kill", "ps:2", 201),
+        Event(30.0, "resumed", "ps:1", 199),
+        Event(30.0, "resumed", "ps:2", 199),
+        Event(40.0, "recovered", "chief:0", 260, {"method": "parity", "lost_ps": [1, 2], "steps_undone": 0}),
+    ]
+    timeline = [(t, 180 + t - 10, 256) for t in range(10, 21)]  # steps sent up to the first kill
+    first, second = recovery_entries(events, "ecrec", timeline)
+    assert (first["reached_step"], first["steps_undone"], first["steps_rolled_back"]) == (201, 3, 0), first
+    assert (second["reached_step"], second["steps_rolled_back"]) == (198, 0), second
+    # A kill after steps sent since the settlement is measured from those steps (a launcher that read them late).
+    later = [*timeline, (21.05, 205, 256)]
+    assert recovery_entries(events, "ecrec", later)[1]["reached_step"] == 205
+
+
 def test_a_worker_kill_without_a_new_session_rolls_nothing_back():
     events = [Event(10.0, "kill", "worker:0", 500), Event(10.1, "resumed", "worker:0", 501), Event(10.1, "regained", "worker:0", 501)]
     (entry,) = recovery_entries(events)

@@ -10,7 +10,9 @@
   step on is not hung.  A trainer that holds no lease while nothing is left to lease (a stream
   waiting for its next file or for the rest of a shard, the data's tail) waits for records, which
   is not a hang: its clock starts again when records come.  A trainer that holds a lease stays
-  watched: a hung one holding the last records is what leaves nothing to lease.
+  watched: a hung one holding the last records is what leaves nothing to lease.  One frozen while it
+  waited is found by the master's membership instead (silent past ``--task-timeout``), and is killed,
+  restarted and reported as a hang the same way (`FaultActions.lost`).
 - **Silent PS** (``--ps-hang-secs S``, 4 by default, 0: off): a PS that answered the launcher's probe since it
   started (`tf_ecrec.launcher.ps_probe`) and then answered nothing for S seconds (hung, stopped,
   cut off: a live process the trainers would wait on until their session timeout) is killed, and

@@ -21,7 +21,7 @@ import signal
 import time
 from typing import Any
 
-from tf_ecrec.launcher.diagnosis import classify
+from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import Fault
 from tf_ecrec.launcher.ports import pick_ports
@@ -68,13 +68,15 @@ class FaultActions:
                 self._run.faults.restarted(fault)
                 self._run.console.print(f"restarted {task.name} at {task.cluster.address}")
 
-    def _kill(self, task: TaskProcess, fault: Fault, reason: str) -> None:
-        """SIGKILL `task` now and schedule its restart; the master hears of it at once."""
+    def _kill(self, task: TaskProcess, fault: Fault, reason: str, diagnosis: Diagnosis | None = None) -> None:
+        """SIGKILL `task` now and schedule its restart; the master hears of it at once.  `diagnosis`: why, if
+        not for ``--kill``."""
         assert task.process is not None
         task.process.send_signal(signal.SIGKILL)
         task.process.wait()
+        why = diagnosis or classify(-9, injected=True)
         self._hit(task, fault, EventKind.KILL, f"killed {task.name} at global step {self._run.global_step}",
-                  diagnosis=classify(-9, injected=True).as_dict() | {"action": "restarted"})
+                  diagnosis=why.as_dict() | {"action": "restarted"})
         if self._run.watch is not None:
             self._run.note_failure(task.name)
             self._run.watch_report(task.name, reason)
@@ -188,4 +190,8 @@ class FaultActions:
         self._run.event(EventKind.LOST, task.name)
         self._run.console.print(f"{task.name} left the master's view of live tasks while its process ran: restarting it")
         fault = self._run.faults.unplanned(task.cluster.task_type, task.cluster.task_index, self._run.global_step)
-        self._kill(task, fault, "lost by the master's membership")
+        # Alive to waitpid and silent to the master: hung (stopped, deadlocked) or cut off, whether or not it held
+        # a lease (a trainer waiting for records is exempt from the launcher's own progress clock, not from this).
+        self._kill(task, fault, "lost by the master's membership", Diagnosis(
+            ExitKind.HANG, -9, "silent to the job master's membership while its process ran (hung or cut off); "
+            "killed by the launcher"))

@@ -120,7 +120,6 @@ from tf_ecrec.launcher.events import Event
 
 _LOG = logging.getLogger(__name__)
 
-
 MEMORY_BEFORE_SECS = 30.0
 
 
@@ -165,9 +164,11 @@ def recovery_entries(
         ]
         if resumed is not None:
             seen.append(resumed.global_step)
-        # The highest step sent before the kill (read late or not), after any earlier recovery's settlement: not its own.
-        floor = max((e.t for e in events[:i] if e.kind in ("resumed", "rebuilding", "recovered")), default=-math.inf)
-        reached = max([kill.global_step] + [s for t, s, _ in timeline if floor < t - t0 <= kill.t])
+        # The highest step sent before the kill (read late or not), after any earlier recovery's settlement: not its
+        # own; with no step sent since (a PS lost inside another's rebuild), the step that settlement left.
+        prior = max((e for e in events[:i] if e.kind in ("resumed", "rebuilding", "recovered")), key=lambda e: e.t, default=None)
+        since = [s for t, s, _ in timeline if (prior.t if prior else -math.inf) < t - t0 <= kill.t]
+        reached = max([kill.global_step if prior is None or since else prior.global_step] + since)
         resumed_from = min(min(seen), reached) if seen else None
         upto = resumed.t if resumed is not None else float("inf")
         moved = next((e for e in later if e.kind == "move" and e.task == kill.task and e.t <= upto), None)
@@ -191,8 +192,7 @@ def recovery_entries(
                 "bytes_rebuilt": int(recovered.extra.get("bytes_rebuilt") or 0) if recovered else 0,
                 "rebuild_seconds": float(recovered.extra.get("rebuild_seconds") or 0.0) if recovered else 0.0,
                 "address": moved.extra.get("new") if moved is not None else "same",
-                "failovers": len(failovers),
-                # The chief's profile of the recovery up to the trainers' resumption (RecoveryResult.phases).
+                "failovers": len(failovers),  # and the chief's profile of the recovery up to the resumption:
                 "recovery_phases": (phases_event.extra.get("phases") or {}) if phases_event else {},
                 **_window(kill, recovered or resumed, timeline, t0, memory or {}, resumed=resumed),
             }
