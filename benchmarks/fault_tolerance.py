@@ -44,7 +44,9 @@ PRESETS = {
     # every few steps folds and commits them, tf_ecrec.batched_commit).
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
-    "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # a round every 32 steps
+    "ecrec-2+1-batched-8": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # a round every 8 steps (0.5 s at most)
+    "ecrec-2+1-batched-16": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # every 16 steps (1 s at most)
+    "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # every 32 steps (2 s at most)
     # The other commit modes (TF_ECREC_COMMIT): in the step's own run (the default before 2026-11-28),
     # and carried by the trainer's next run.
     "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
