@@ -147,6 +147,10 @@ class UpdateRule:
     def of_keras(cls, optimizer: Any) -> UpdateRule:
         """Reads the update rule of a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl), from its config.
 
+        The ``tf.keras.optimizers.legacy`` classes of the same four (TensorFlow's parameter-server
+        tutorial uses them) are read the same way: their configs hold the same hyperparameters, and their
+        inverse-time ``decay`` must be 0 (the rule's learning rate is a constant).
+
         The rule is the sparse kernel rule of the same family, with the
         optimizer's hyperparameters: Keras computes its update with other ops
         (Adagrad adds its ``epsilon`` under the square root, Adam decays every
@@ -167,17 +171,22 @@ class UpdateRule:
             keras.optimizers.Adagrad: RuleKind.ADAGRAD,
             keras.optimizers.Adam: RuleKind.ADAM,
             keras.optimizers.Ftrl: RuleKind.FTRL,
+            keras.optimizers.legacy.SGD: RuleKind.SGD,
+            keras.optimizers.legacy.Adagrad: RuleKind.ADAGRAD,
+            keras.optimizers.legacy.Adam: RuleKind.ADAM,
+            keras.optimizers.legacy.Ftrl: RuleKind.FTRL,
         }
         kind = families.get(type(optimizer))
         if kind is None:
             raise ConfigError(
                 f"tf_ecrec cannot apply {type(optimizer).__module__}.{type(optimizer).__name__} with parity deltas; "
-                "supported: tf.keras.optimizers.SGD, Adagrad, Adam (applied lazily) and Ftrl; source: the model's optimizer"
+                "supported: tf.keras.optimizers.SGD, Adagrad, Adam (applied lazily) and Ftrl, and their "
+                "tf.keras.optimizers.legacy classes; source: the model's optimizer"
             )
         config = optimizer.get_config()
         name = type(optimizer).__name__
         for key, neutral in (("weight_decay", None), ("clipnorm", None), ("global_clipnorm", None),
-                             ("clipvalue", None), ("use_ema", False), ("amsgrad", False)):
+                             ("clipvalue", None), ("use_ema", False), ("amsgrad", False), ("decay", 0.0)):
             if config.get(key, neutral) != neutral:
                 raise ConfigError(
                     f"tf_ecrec cannot apply {name} with {key}={config[key]!r}: the delta ops apply the plain sparse "

@@ -93,7 +93,10 @@ def placement_and_parity_case() -> None:
     def case() -> None:
         import tensorflow as tf
 
+        import tf_ecrec.keras
+        import tf_ecrec.pss
         from tf_ecrec.embedding import device_task
+        from tf_ecrec.errors import ConfigError
 
         cluster, protection = _setup()
         try:
@@ -102,6 +105,7 @@ def placement_and_parity_case() -> None:
                 "adagrad": tf.keras.optimizers.Adagrad(0.1),
                 "adam": tf.keras.optimizers.Adam(0.01),
                 "ftrl": tf.keras.optimizers.Ftrl(0.1),
+                "legacy_adagrad": tf.keras.optimizers.legacy.Adagrad(0.1),  # what TensorFlow's PSS tutorial uses
             }
             for name, optimizer in optimizers.items():
                 model = _model(tf, name, optimizer, protection)
@@ -129,6 +133,17 @@ def placement_and_parity_case() -> None:
                 after = _values(model)
                 assert any(not np.array_equal(before[n], after[n]) for n in before), name
                 _check_parity(model)
+            # A model compiled with the stock optimizer, not the protection's wrapper, is refused before it
+            # trains unprotected (it once trained to the end and only its recovery failed, untyped).
+            with protection.strategy.scope():
+                stock = tf.keras.Sequential([tf_ecrec.keras.ECEmbeddings([("s", 50)], 4, name="stock_emb")])
+                stock.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="mse")
+            try:
+                tf_ecrec.pss.fit(stock, _data(tf), epochs=1, steps_per_epoch=2, verbose=0)
+            except ConfigError as exc:
+                assert "keras" in str(exc) and "protection.optimizer(" in str(exc), exc
+            else:
+                raise AssertionError("a model compiled with a stock optimizer trained under tf_ecrec.pss.fit")
         finally:
             cluster.close()
 

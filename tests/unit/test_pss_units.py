@@ -17,6 +17,13 @@ from tf_ecrec.update_rule import RuleKind, UpdateRule
     (lambda: tf.keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25), RuleKind.ADAGRAD, (("accumulator", 0.25),)),
     (lambda: tf.keras.optimizers.Adam(0.01, beta_1=0.8), RuleKind.ADAM, (("m", 0.0), ("v", 0.0))),
     (lambda: tf.keras.optimizers.Ftrl(0.1), RuleKind.FTRL, (("accumulator", 0.1), ("linear", 0.0))),
+    # TensorFlow's parameter-server tutorial uses the legacy classes: the same rules.
+    (lambda: tf.keras.optimizers.legacy.SGD(0.1), RuleKind.SGD, ()),
+    (lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9, nesterov=True), RuleKind.MOMENTUM, (("momentum", 0.0),)),
+    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1, initial_accumulator_value=0.25), RuleKind.ADAGRAD,
+     (("accumulator", 0.25),)),
+    (lambda: tf.keras.optimizers.legacy.Adam(0.01, beta_1=0.8), RuleKind.ADAM, (("m", 0.0), ("v", 0.0))),
+    (lambda: tf.keras.optimizers.legacy.Ftrl(0.1), RuleKind.FTRL, (("accumulator", 0.1), ("linear", 0.0))),
 ])
 def test_the_rule_of_a_keras_optimizer(optimizer, kind, slots) -> None:
     rule = UpdateRule.of_keras(optimizer())
@@ -35,7 +42,9 @@ def test_ftrl_folds_beta_into_l2_as_the_v1_rule_does() -> None:
 
 @pytest.mark.parametrize("optimizer, named", [
     (lambda: tf.keras.optimizers.RMSprop(0.1), "RMSprop"),
-    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1), "Adagrad"),
+    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1), "RMSprop"),
+    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1, decay=0.01), "decay=0.01"),
+    (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm=1.0"),
     (lambda: tf.keras.optimizers.Adagrad(0.1, clipnorm=1.0), "clipnorm=1.0"),
     (lambda: tf.keras.optimizers.Adam(0.1, amsgrad=True), "amsgrad=True"),
     (lambda: tf.keras.optimizers.SGD(0.1, weight_decay=0.01), "weight_decay=0.01"),
@@ -130,3 +139,18 @@ def test_a_pss_job_has_no_master_and_fits_exactly_its_steps() -> None:
     for steps in (1, 7, 240, 997, 3000):
         spe = _steps_per_epoch(steps)
         assert steps % spe == 0 and 1 <= spe <= 200
+
+
+@pytest.mark.parametrize("optimizer, named", [
+    (lambda: tf.keras.optimizers.Adagrad(0.1), "keras.src.optimizers.adagrad.Adagrad"),
+    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1), "legacy"),
+    (lambda: None, "not compiled"),
+])
+def test_a_model_not_compiled_with_the_protections_optimizer_is_refused_by_name(optimizer, named) -> None:
+    import types
+
+    from tf_ecrec.pss.optimizer import protected_optimizer
+
+    with pytest.raises(ConfigError, match=r"protection\.optimizer\(.*source: model\.compile") as info:
+        protected_optimizer(types.SimpleNamespace(optimizer=optimizer()), protection=object())
+    assert named in str(info.value)

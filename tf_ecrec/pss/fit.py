@@ -99,6 +99,7 @@ def fit(
         if protection is None:
             raise RecoveryError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.fit")
         recovery = PSSRecovery(protection, model)
+    recovery.optimizer  # noqa: B018 - refuses a model compiled with a stock optimizer before it trains unprotected
     result = FitResult()
     total = int(epochs) * int(steps_per_epoch)
     while True:

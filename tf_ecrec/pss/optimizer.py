@@ -104,3 +104,19 @@ class ECOptimizerV2(tf.keras.optimizers.Optimizer):
         config = super().get_config()
         config["wrapped"] = tf.keras.optimizers.serialize(self.wrapped)
         return config
+
+
+def protected_optimizer(model: Any, protection: PSSProtection) -> ECOptimizerV2:
+    """`model`'s optimizer, made by `protection.optimizer(...)`; else a typed error (training would leave parity
+    stale: no update of a stock optimizer goes through the delta ops, and a recovery would rebuild old rows)."""
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, ECOptimizerV2) and optimizer.protection is protection:
+        return optimizer
+    what = "none (the model is not compiled)" if optimizer is None else f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+    if isinstance(optimizer, ECOptimizerV2):
+        what += " of another strategy's protection"
+    raise ConfigError(
+        f"the model's optimizer is {what}; rule: compile with the protection's wrapper, "
+        "model.compile(optimizer=protection.optimizer(tf.keras.optimizers.Adagrad(...)), ...), in the strategy's "
+        "scope; source: model.compile"
+    )

@@ -42,6 +42,7 @@ from tf_ecrec.device import ps_device, variable_name
 from tf_ecrec.embedding import device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.function_session import FunctionSession
+from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.placement import resolver_of
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
@@ -61,7 +62,6 @@ KERAS_BOOKKEEPING = ("_train_counter", "_test_counter", "_predict_counter", "_st
 @dataclasses.dataclass
 class PSSRecoveryResult:
     """What one recovery did."""
-
     lost: list[int]
     method: str = "parity"
     step: int = 0
@@ -121,7 +121,7 @@ class PSSRecovery:
 
     @property
     def optimizer(self) -> Any:
-        return self.model.optimizer
+        return protected_optimizer(self.model, self.protection)  # a typed error for a stock optimizer
 
     # ---- the procedure ---------------------------------------------------------------------------
 
