@@ -103,6 +103,10 @@ class BarrierTimeout(EcRecError, TimeoutError):
     """Not every expected task reached a barrier before its deadline."""
 
 
+class ClusterUnavailable(EcRecError, TimeoutError):
+    """Tasks a cluster definition names did not answer before a deadline (named in the message)."""
+
+
 class RecoveryError(EcRecError):
     """Rebuilding a lost parameter server failed."""
 

@@ -12,12 +12,19 @@ should run with.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.errors import ConfigError
+from tf_ecrec.errors import ClusterUnavailable, ConfigError
+
+_LOG = logging.getLogger(__name__)
+
+GET_STATUS = "/tensorflow.WorkerService/GetStatus"
+"""The worker service call a master makes to list a task's devices: an answer means the task serves."""
 
 # The job name a trainer's own server boots under: TensorFlow refuses a propagated
 # cluster that names the task exactly as its server booted.
@@ -124,3 +131,42 @@ def live_session_config(estimator: Any, built: Any) -> Any:
     if live is None or not hasattr(live, "cluster_def") or live.cluster_def != built.cluster_def:
         return None
     return live
+
+
+def answers(address: str, timeout_secs: float) -> bool:
+    """Whether the TensorFlow server at `address` answers ``GetStatus`` within `timeout_secs`."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(GET_STATUS, request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        try:
+            call(b"", timeout=timeout_secs)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+def wait_until_serving(tasks: Mapping[str, str], timeout_secs: float, source: str, probe_secs: float = 2.0,
+                       report_secs: float = 10.0) -> float:
+    """Waits until every task of `tasks` (name -> address) answers; returns the seconds it waited.
+
+    Logs the tasks still awaited every `report_secs`; raises `ClusterUnavailable` naming them, with their
+    addresses and `source`, after `timeout_secs`.
+    """
+    start = time.monotonic()
+    waiting = dict(tasks)
+    reported = start
+    while True:
+        waiting = {name: address for name, address in waiting.items() if not answers(address, probe_secs)}
+        now = time.monotonic()
+        if not waiting:
+            return now - start
+        missing = ", ".join(f"{name} at {address}" for name, address in sorted(waiting.items()))
+        if now - start >= timeout_secs:
+            raise ClusterUnavailable(
+                f"{missing} did not answer within {timeout_secs:g} s; rule: every task the cluster names serves "
+                f"before training starts; source: {source}")
+        if now - reported >= report_secs:
+            _LOG.warning("waiting for %s to serve (%.0f s of %g s)", missing, now - start, timeout_secs)
+            reported = now
+        time.sleep(min(0.5, max(0.0, timeout_secs - (now - start))))

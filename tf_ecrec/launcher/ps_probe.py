@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-GET_STATUS = "/tensorflow.WorkerService/GetStatus"
+from tf_ecrec.ps_session import GET_STATUS
+
 BUSY_SHARE = 0.2
 """Share of one core a silent PS must have spent since its last answer to count as busy, not hung."""
 BUSY_GRACE = 5.0

@@ -29,13 +29,12 @@ import json
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from typing import Any
 
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.errors import ConfigError, LaunchError
+from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
 from tf_ecrec.launcher.models import data_sizes, load_model, model_params
@@ -94,8 +93,9 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     from tf_ecrec.data.synthetic import SyntheticCriteo
     from tf_ecrec.ec_config import ECConfig
 
-    tf_ecrec.pss.prepare_process()
-    _wait_for_tasks(cluster, timeout_secs=120.0)
+    # Every PS and worker of TF_CONFIG (this task's cluster) serving first: the strategy connects to all of
+    # them at once, and TensorFlow 2.15's coordinator aborts the process when one is not listening yet.
+    tf_ecrec.pss.prepare_process(wait_secs=120.0)
     module = load_model(job.model, keras=True)
     params = model_params(job, module)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -149,22 +149,6 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     if sender is not None:
         sender.send(StatusKind.DONE, step=result.steps, records=result.steps * job.batch_size, steps=result.steps,
                     corrupt_records=0)
-
-
-def _wait_for_tasks(cluster: ClusterConfig, timeout_secs: float) -> None:
-    """Waits until every PS and worker accepts connections: the strategy connects to all of them at once,
-    and TensorFlow 2.15's coordinator aborts the process (a gRPC assertion) when one is not listening yet."""
-    deadline = time.monotonic() + timeout_secs
-    for address in [*cluster.ps_addresses, *cluster.cluster.get("worker", [])]:
-        host, port = address.rsplit(":", 1)
-        while True:
-            try:
-                with socket.create_connection((host, int(port)), timeout=1.0):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"task at {address} did not start within {timeout_secs:.0f}s; source: the cluster") from None
-                time.sleep(0.2)
 
 
 def _keras_optimizer(name: str, learning_rate: float) -> Any:

@@ -5,25 +5,46 @@ in its scope, compile with `PSSProtection.optimizer`, and train with
 ``model.fit`` or a `ClusterCoordinator` loop.
 """
 
+import os
+
 from tf_ecrec.pss.fit import FitResult, fit
 from tf_ecrec.pss.partitioner import ECPartitioner
 from tf_ecrec.pss.placement import PSPlacement
 from tf_ecrec.pss.protection import PSSProtection, current_protection, protect
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
+WAIT_SECS = 300.0
+"""How long `prepare_process` waits by default for the tasks TF_CONFIG names to serve."""
 
-def prepare_process() -> None:
-    """Readies this process to coordinate: the op library loaded, gRPC channels that reconnect fast.
+
+def prepare_process(wait_secs: float = WAIT_SECS) -> float:
+    """Readies this process to coordinate: the op library loaded, gRPC channels that reconnect fast, and,
+    when TF_CONFIG is set, every PS and worker it names serving; returns the seconds that wait took.
 
     Call it before making the strategy: TensorFlow reads its gRPC options
     when it makes its first channel, and a channel to a restarted PS would
-    otherwise wait out gRPC's 20 s connection backoff.
+    otherwise wait out gRPC's 20 s connection backoff.  Those options make a
+    call to a task that is not up fail at once, which the strategy's
+    connection to the cluster does not survive (the process aborts inside
+    gRPC): so the tasks are awaited here first, whatever order they start in,
+    the ones still missing logged every 10 s.
+
+    Raises:
+      ClusterUnavailable: a task TF_CONFIG names did not answer within `wait_secs`
+        (the message names it and its address).
     """
+    from tf_ecrec.config import ClusterConfig
     from tf_ecrec.ops import load_library
-    from tf_ecrec.ps_session import fast_reconnect
+    from tf_ecrec.ps_session import fast_reconnect, wait_until_serving
 
     fast_reconnect()
     load_library()
+    if not os.environ.get("TF_CONFIG"):
+        return 0.0
+    config = ClusterConfig.from_environment()
+    tasks = {f"{job}:{i}": address for job in ("ps", "worker") for i, address in enumerate(config.cluster.get(job, ()))
+             if (job, i) != (config.task_type, config.task_index)}
+    return wait_until_serving(tasks, float(wait_secs), "TF_CONFIG (tf_ecrec.pss.prepare_process)")
 
 
 __all__ = [
