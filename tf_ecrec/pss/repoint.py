@@ -50,7 +50,7 @@ def repoint(model: tf.keras.Model, protection: Any, bookkeeping: Iterable[str], 
     for target in protector.targets.values():
         swap_in(target.variables)
     optimizer._iterations = swap(optimizer._iterations)
-    swap_in(optimizer._variables)
+    optimizer._variables = [swap(v) for v in optimizer._variables]  # a fresh tracked list (see the layers' below)
     for name in bookkeeping:
         object.__setattr__(model, name, swap(getattr(model, name)))
     modules = [model, *model.submodules]
@@ -68,4 +68,6 @@ def repoint(model: tf.keras.Model, protection: Any, bookkeeping: Iterable[str], 
                 object.__setattr__(layer, key, new[id(value)])
                 layer._track_trackable(new[id(value)], name=key, overwrite=True)
             elif isinstance(value, list) and any(id(v) in new for v in value):
-                swap_in(value)
+                # A fresh list, tracked anew under its name: a tracked list (ListWrapper) whose item was
+                # replaced refuses every later save ("A list element was replaced"): Keras' checkpoints.
+                setattr(layer, key, [swap(v) for v in value])
