@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli
+from harness.cli_run import cli
 from harness.process_cluster import ProcessCluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,7 +4,7 @@ trained once the job ends (tf_ecrec.master.autoscale, tf_ecrec.launcher.autoscal
 import json
 import os
 
-from conftest import cli
+from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
 
 

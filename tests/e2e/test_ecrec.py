@@ -4,7 +4,7 @@ import json
 import os
 import re
 
-from conftest import cli
+from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]

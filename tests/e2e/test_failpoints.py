@@ -19,7 +19,7 @@ import json
 import os
 
 import pytest
-from conftest import cli
+from harness.cli_run import cli
 from harness.parity_kills import assert_rebuilt_by_parity_to_the_same_bytes
 
 ARGS = ["--fault-tolerance", "ecrec", "--ec", "3+1", "--ps", "4", "--workers", "1", "--steps", "160",

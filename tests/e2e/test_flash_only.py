@@ -9,7 +9,7 @@ asserted in tests/e2e/test_launcher.py, beside the determinism it relies on.
 import json
 import os
 
-from conftest import cli
+from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, cli
+from harness.cli_run import cli
 from harness.ports import free_port_block, free_ports
 from harness.procs import descendants, running, task_name
 
@@ -151,7 +151,8 @@ def test_ctrl_c_stops_every_task(tmp_path):
 def test_the_example_runs_as_a_plain_estimator_script_under_tf_config(tmp_path):
     ports = free_ports(2)
     cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "chief": [f"127.0.0.1:{ports[1]}"]}
-    script = os.path.join(REPO, "estimator_examples", "dlrm.py")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "estimator_examples", "dlrm.py")
     model_dir = str(tmp_path / "plain")
     procs = {}
     for task in ("ps", "chief"):

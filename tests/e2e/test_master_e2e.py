@@ -16,8 +16,8 @@ import sys
 import time
 
 import pytest
-from conftest import cli
 from harness import zygote
+from harness.cli_run import cli
 from harness.procs import task_pid
 from integration.conftest import ZOOKEEPER_JAR, ZooKeeperServer, free_port
 

@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from conftest import cli
+from harness.cli_run import cli
 
 PSS = ["--model", "keras_dlrm", "--strategy", "pss", "--fault-tolerance", "ecrec", "--table-rows", "2000",
        "--embedding-dim", "8", "--batch-size", "128", "--quiet"]

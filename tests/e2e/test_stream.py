@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from conftest import cli
+from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
 
 
