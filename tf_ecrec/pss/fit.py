@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.checkpoint import save
+from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
 _LOG = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def fit(
         if protection is None:
             raise RecoveryError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.fit")
         recovery = PSSRecovery(protection, model)
-    recovery.optimizer  # noqa: B018 - refuses a model compiled with a stock optimizer before it trains unprotected
+    protected_optimizer(model, recovery.protection)  # a stock optimizer would train unprotected: refused first
     result = FitResult()
     total = int(epochs) * int(steps_per_epoch)
     while True:
