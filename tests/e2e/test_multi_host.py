@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -120,20 +122,59 @@ def _verify(net: Network, job: HostCluster, model_dir: str) -> dict:
     return result
 
 
-def _digest(net: Network, job: HostCluster, model_dir: str, ps: list[str]) -> dict:
-    """What ps:1 at ``ps[1]`` holds, read from the probe host (`harness.ps_digest`)."""
-    done = _on(net["probe"], [sys.executable, DIGEST, os.path.join(model_dir, "variables.json"), ",".join(ps), "1"],
-               job.env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout)
+class _Digester:
+    """``harness.ps_digest --serve`` on a host: what a PS holds, read in a session call (TensorFlow imported once)."""
+
+    def __init__(self, host, env: dict[str, str]) -> None:
+        self._proc = subprocess.Popen(host.run([sys.executable, DIGEST, "--serve"]), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the process ended
+
+    def _next(self, timeout: float) -> str:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"the digest process gave no answer in {timeout} s") from None
+        assert line, f"the digest process ended (exit {self._proc.poll()})"
+        return line
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        assert self._next(timeout).strip() == "ready"
+
+    def read(self, manifest: str, ps: list[str], task: int, timeout: float = 120) -> dict:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(f"{manifest} {','.join(ps)} {task}\n")
+        self._proc.stdin.flush()
+        answer = json.loads(self._next(timeout))
+        assert "error" not in answer, answer
+        return answer
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
 
 
 def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_path, net):
     job, model_dir, cluster_file, stop = _job(tmp_path, net)
+    manifest = os.path.join(model_dir, "variables.json")
     zombie = None
+    digester = _Digester(net["probe"], job.env)  # its TensorFlow import overlaps the job's start
     try:
         job.start_all()
         cut_at = job.wait_for_step(100, timeout=240)
+        digester.wait_ready()
         zombie, zombie_address = job.tasks["ps:1"], job.address("ps:1")
         net["b"].link_down()  # ps:1 runs on, unreachable
         cut = time.time()
@@ -155,7 +196,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
             net["b"].link_up()  # the zombie is reachable again, still alive, its old cluster in its TF_CONFIG
             assert zombie.poll() is None, "the cut-off PS died; the test needs it alive"
             old_ps = [job.address("ps:0"), zombie_address]
-            seen = _digest(net, job, model_dir, old_ps)
+            seen = digester.read(manifest, old_ps, 1)
             at_reconnect = job.last_step()
             job.wait_for_step(at_reconnect + 100, timeout=240)  # training goes on with the zombie reachable
             _finish(job, stop)
@@ -176,7 +217,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         after = {p: frames_from(segments, p, *queued[p]) for p, n in later.items() if n > queued[p][1]}
         used = {p: m for p, f in after.items() if (m := [m for m in methods(f) if m not in HELD_CALLS])}
         assert not used, used
-        assert _digest(net, job, model_dir, old_ps) == seen
+        assert digester.read(manifest, old_ps, 1) == seen
         steps = {name: value for name, value in seen["scalars"].items() if "global_step" in name}
         assert steps, seen["scalars"]
         # The zombie's copies stopped at the kill: at most the recovered step plus what settlement undid (returned
@@ -190,6 +231,7 @@ def test_a_partitioned_ps_is_replaced_and_the_zombie_is_never_used_again(tmp_pat
         _verify(net, job, model_dir)  # exact against the replacement on host d
         assert "Restoring parameters from" not in job.log("chief:0")
     finally:
+        digester.close()
         job.stop()
         if zombie is not None and zombie.poll() is None:
             zombie.kill()

@@ -1,5 +1,10 @@
 """What one PS task holds, read straight from it: ``python ps_digest.py MANIFEST PS_ADDRESSES TASK``.
 
+``python ps_digest.py --serve`` imports TensorFlow once, prints ``ready``, then answers each line
+``MANIFEST PS_ADDRESSES TASK`` of its stdin with one JSON line (``{"error": ...}`` when the read
+failed): a test that reads a PS while its job trains gets the answer in a session call, not after
+a new process's TensorFlow import that the training it watches slows down.
+
 Reads every variable of the manifest that lives on ``/job:ps/task:TASK``
 from the PS at that index of the comma-separated ``PS_ADDRESSES`` (a direct
 session, as ``tf-ecrec verify`` opens: nothing of the job's own is used) and
@@ -32,6 +37,24 @@ def digest(manifest_path: str, ps: list[str], task: int) -> dict[str, dict[str, 
     }
 
 
+def serve() -> None:
+    import tensorflow  # noqa: F401  (imported before "ready": the answers then cost only their reads)
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        manifest, addresses, index = line.split()
+        try:
+            answer = digest(manifest, addresses.split(","), int(index))
+        except Exception as e:  # the test reads the error
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(answer), flush=True)
+
+
 if __name__ == "__main__":
-    manifest, addresses, index = sys.argv[1:]
-    print(json.dumps(digest(manifest, addresses.split(","), int(index))))
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        manifest, addresses, index = sys.argv[1:]
+        print(json.dumps(digest(manifest, addresses.split(","), int(index))))
