@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from harness import zygote
 from harness.cli_run import cli
 from harness.process_cluster import ProcessCluster
 
@@ -92,8 +93,8 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         assert "method': 'checkpoint" not in job.log("chief:0")
 
         # Parity is exact on the live PS after training.
-        verify = subprocess.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", model_dir],
-                                capture_output=True, text=True, timeout=300, env=job.env)
+        verify = zygote.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", model_dir],
+                            env=job.env, timeout=300)
         assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
         result = json.loads(verify.stdout)
         assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] > 0, result

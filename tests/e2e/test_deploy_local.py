@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
+from harness import zygote
 from harness.k8s_local import LocalPods
 from harness.k8s_manifests import Pod, find, job_spec, pods, render, tfjob_tf_config
 from harness.process_cluster import free_port
@@ -102,7 +102,7 @@ def _check_recovery_and_parity(local: LocalPods, objects: list[dict], root: str)
     checker = LocalPods(render("verify") + objects, root)
     argv, env = checker.command("dlrm-verify-local")
     assert argv[1:4] == ["-m", "tf_ecrec.cli", "verify"] and model_dir in argv, argv
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    out = zygote.run(argv, env=env, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] > 0, result

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from harness import zygote
 from harness.cli_run import cli
 from harness.ports import free_port_block, free_ports
 from harness.procs import descendants, running, task_name
@@ -155,16 +156,17 @@ def test_the_example_runs_as_a_plain_estimator_script_under_tf_config(tmp_path):
                           "estimator_examples", "dlrm.py")
     model_dir = str(tmp_path / "plain")
     procs = {}
-    for task in ("ps", "chief"):
+    for task in ("ps", "chief"):  # forked from the session's server: the script's own imports are done
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": 0}})}
-        procs[task] = subprocess.Popen(
-            [sys.executable, script, "--steps", "30", "--model-dir", model_dir, "--checkpoint-steps", "30"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        with open(tmp_path / f"{task}.log", "wb") as log:
+            procs[task] = zygote.popen(
+                [sys.executable, script, "--steps", "30", "--model-dir", model_dir, "--checkpoint-steps", "30"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, name=task)
     try:
-        out, _ = procs["chief"].communicate(timeout=300)
-        assert procs["chief"].returncode == 0, out[-3000:]
+        code = procs["chief"].wait(timeout=300)
+        out = (tmp_path / "chief.log").read_text(encoding="utf-8", errors="replace")
+        assert code == 0, out[-3000:]
         assert "Loss for final step" in out
         assert os.path.exists(os.path.join(model_dir, "model.ckpt-30.index"))
     finally:

@@ -34,6 +34,7 @@ import threading
 import time
 
 import pytest
+from harness import zygote
 from harness.h2_capture import frames_from, methods, read_segments
 from harness.netns import HostCluster, Network, hosts, unavailable
 
@@ -108,7 +109,7 @@ def _finish(job: HostCluster, stop: str) -> None:
 
 
 def _on(host, argv: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(host.run(argv), capture_output=True, text=True, timeout=timeout, env=env)
+    return zygote.run(host.python(argv), env=env, timeout=timeout)
 
 
 def _verify(net: Network, job: HostCluster, model_dir: str) -> dict:
@@ -126,15 +127,21 @@ class _Digester:
     """``harness.ps_digest --serve`` on a host: what a PS holds, read in a session call (TensorFlow imported once)."""
 
     def __init__(self, host, env: dict[str, str]) -> None:
-        self._proc = subprocess.Popen(host.run([sys.executable, DIGEST, "--serve"]), stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        ask, self._ask = os.pipe()
+        self._answers, answer = os.pipe()
+        try:
+            self._proc = zygote.popen(host.python([sys.executable, DIGEST, "--serve"]), env=env, stdin=ask,
+                                      stdout=answer, stderr=subprocess.DEVNULL, name="digest")
+        finally:
+            os.close(ask)
+            os.close(answer)
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
+        with os.fdopen(self._answers, encoding="utf-8") as answers:
+            for line in answers:
+                self._lines.put(line)
         self._lines.put("")  # the process ended
 
     def _next(self, timeout: float) -> str:
@@ -149,16 +156,13 @@ class _Digester:
         assert self._next(timeout).strip() == "ready"
 
     def read(self, manifest: str, ps: list[str], task: int, timeout: float = 120) -> dict:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(f"{manifest} {','.join(ps)} {task}\n")
-        self._proc.stdin.flush()
+        os.write(self._ask, f"{manifest} {','.join(ps)} {task}\n".encode())
         answer = json.loads(self._next(timeout))
         assert "error" not in answer, answer
         return answer
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
+        os.close(self._ask)
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from harness import zygote
 from harness.process_cluster import ProcessCluster, tf_config
 from tf_ecrec.errors import ConfigError
 
@@ -85,6 +86,12 @@ class Host:
     def run(self, argv: Sequence[str]) -> list[str]:
         """`argv` to be run on this host (the environment is kept)."""
         return ["ip", "netns", "exec", self.netns, *argv]
+
+    def python(self, argv: Sequence[str]) -> list[str]:
+        """Python's `argv` (``sys.executable ...``) to be forked by `harness.zygote` onto this host (`harness.in_netns`)."""
+        if not argv or argv[0] != sys.executable:
+            raise ValueError(f"not a Python command line: {list(argv)}")
+        return [sys.executable, "-m", "harness.in_netns", self.netns, *argv[1:]]
 
     def link_down(self) -> None:
         """Pulls the host's cable at the switch: its processes and its address stay, its packets are lost."""
@@ -303,6 +310,6 @@ class HostCluster(ProcessCluster):
     def start(self, task: str) -> None:
         task_type, index = task.split(":")
         env = {**self.env, "TF_CONFIG": tf_config(self.cluster, task_type, int(index))}
-        with open(self.log_file(task), "ab") as out:
-            self.tasks[task] = subprocess.Popen(self.placement[task].run(self.command), env=env, stdout=out,
-                                                stderr=subprocess.STDOUT)
+        with open(self.log_file(task), "ab") as out:  # forked: TensorFlow's import is done (`harness.in_netns`)
+            self.tasks[task] = zygote.popen(self.placement[task].python(self.command), env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, name=task)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from harness import zygote
 from tf_cluster import tf_cluster
 
 from tf_ecrec.config import ClusterConfig, tf_config_env
@@ -181,17 +181,13 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     # and the launcher's end-of-job digest (`python -m tf_ecrec.live_cluster`), a small budget splitting stripes.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     ps = ",".join(cluster.ps_addresses)
-    verify = subprocess.run(
-        [sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", str(tmp_path), "--ps", ps],
-        capture_output=True, text=True, env=env, timeout=120,
-    )
+    verify = zygote.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", str(tmp_path), "--ps", ps],
+                        env=env, timeout=120)
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert json.loads(verify.stdout) == result
-    digest = subprocess.run(
+    digest = zygote.run(
         [sys.executable, "-c", "import sys, tf_ecrec.live_cluster as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
-         str(tmp_path / "variables.json"), ps],
-        capture_output=True, text=True, env=env, timeout=120,
-    )
+         str(tmp_path / "variables.json"), ps], env=env, timeout=120)
     assert digest.returncode == 0, digest.stderr[-2000:]
     out = json.loads(digest.stdout.strip().splitlines()[-1])
     model = {n: v for n, v in values.items() if n not in redundancy_names(meta)}
