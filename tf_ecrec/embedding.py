@@ -235,7 +235,7 @@ class EmbeddingCollection:
         for p in range(self.num_ps):
             if p in self.data:
                 var = self.data[p]
-                if not self.protected:
+                if not self.protected or exporting():
                     values.append(tf.gather(var, locals_[p]))
                     continue
                 with tf.compat.v1.device(var.device):
@@ -259,6 +259,19 @@ class EmbeddingCollection:
 def collections(graph: tf.Graph | None = None) -> list[EmbeddingCollection]:
     """The protected collections built in `graph` (the default graph), in order."""
     return _COLLECTIONS.items(graph)
+
+
+def exporting() -> bool:
+    """Whether ``tf.saved_model.save`` (Keras' ``model.save`` included) is tracing the function being built.
+
+    A saved model reads the tables and never trains, so its lookups are stock gathers: no wait for rows
+    a background rebuild has not installed (a tf_ecrec op), and the SavedModel loads and serves in a
+    process without tf_ecrec.  TensorFlow marks the tracing it does while saving with its save context
+    (`tensorflow.python.saved_model.save_context`, the same flag its own saving code reads).
+    """
+    from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
+
+    return bool(save_context.in_save_context())
 
 
 def _check_range(ids: tf.Tensor, limits: tf.Tensor, what: str) -> tf.Operation:
