@@ -264,6 +264,77 @@ def kill_during_fit_case() -> None:
     exit_with(case)
 
 
+def backup_and_restore_case() -> None:
+    """Keras' BackupAndRestore given to `tf_ecrec.pss.fit`: a PS killed mid-epoch is rebuilt from parity and the job
+    goes on from where it was (the backup is not restored over the recovered state), a backup is written at every
+    epoch's end with parity exact in it, and a restarted job (a new model object, as a new coordinator makes)
+    begins from the last backup, bit for bit, trains only the steps after it, and keeps parity exact."""
+
+    def case() -> None:
+        import tensorflow as tf
+
+        import tf_ecrec.pss
+
+        def digest(model: Any) -> list[str]:  # the model's weights (names differ between the two models' objects)
+            return sorted(hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in model.trainable_variables)
+
+        cluster, protection = _setup()
+        try:
+            with tempfile.TemporaryDirectory() as backup_dir:
+                model = _model(tf, "first", tf.keras.optimizers.Adagrad(0.1), protection)
+                started = fit_started()
+                seen: list[int] = []
+
+                def killer() -> None:
+                    started.event.wait(120)
+                    while int(model.optimizer.iterations.numpy()) < 30:  # inside the second epoch
+                        time.sleep(0.01)
+                    seen.append(int(model.optimizer.iterations.numpy()))
+                    cluster.kill("ps", 1)
+                    time.sleep(0.5)
+                    cluster.restart("ps", 1)
+
+                thread = threading.Thread(target=killer, daemon=True)
+                thread.start()
+                steps_at: list[int] = []  # the iteration count at every model.fit start and epoch end: never back
+
+                class Steps(tf.keras.callbacks.Callback):
+                    def on_train_begin(self, logs: Any = None) -> None:
+                        steps_at.append(int(self.model.optimizer.iterations.numpy()))
+
+                    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                        steps_at.append(int(self.model.optimizer.iterations.numpy()))
+
+                keep = tf.keras.callbacks.BackupAndRestore(backup_dir, delete_checkpoint=False)
+                result = tf_ecrec.pss.fit(model, _data(tf), epochs=3, steps_per_epoch=20, verbose=0, timeout_secs=120,
+                                          callbacks=[keep, Steps(), started])
+                thread.join(timeout=60)
+                assert steps_at == sorted(steps_at) and steps_at[-1] == 60, steps_at
+                assert result.restored_step is None and [r.lost for r in result.recoveries] == [[1]], result
+                (recovered,) = result.recoveries
+                assert recovered.step >= seen[0] - recovered.settled["undone"] > 20, (recovered, seen)  # no rollback
+                assert result.steps == 60 and int(model.optimizer.iterations.numpy()) == 60
+                _check_parity(model)
+                latest = tf.train.latest_checkpoint(os.path.join(backup_dir, "chief"))
+                assert latest and int(tf.train.load_variable(latest, "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE")) == 2
+                at_backup = digest(model)
+
+                # The job started again: a new model object restores the backup and trains the fourth epoch only,
+                # at a learning rate of 0, so that its weights must end as the backup has them, bit for bit (a
+                # model that began from its own initial values would end with those).
+                again = _model(tf, "again", tf.keras.optimizers.Adagrad(0.0), protection)
+                result = tf_ecrec.pss.fit(again, _data(tf), epochs=4, steps_per_epoch=20, verbose=0, timeout_secs=120,
+                                          callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir)])
+                assert result.restored_step == 60 and digest(again) == at_backup, result
+                assert result.steps == 80 and len(result.histories) == 1, result
+                _check_parity(again)
+                assert not os.path.exists(os.path.join(backup_dir, "chief")), os.listdir(backup_dir)  # deleted at the end
+        finally:
+            cluster.close()
+
+    exit_with(case)
+
+
 # A process that serves a SavedModel with TensorFlow alone: importing tf_ecrec fails in it, and so would
 # loading a graph with one of its ops (their library is never loaded).
 SERVE_WITHOUT_TF_ECREC = """
@@ -571,3 +642,7 @@ def test_a_loss_beyond_the_code_falls_back_to_the_last_checkpoint(fresh_process:
 
 def test_a_cluster_coordinator_loop_recovers_a_ps_from_parity(fresh_process: Any) -> None:
     fresh_process("integration.test_pss:coordinator_loop_case", timeout=TOTAL_TIMEOUT)
+
+
+def test_backup_and_restore_survives_a_recovery_and_a_restarted_job_resumes_from_its_backup(fresh_process: Any) -> None:
+    fresh_process("integration.test_pss:backup_and_restore_case", timeout=TOTAL_TIMEOUT)

@@ -70,3 +70,15 @@ def restore(recovery: PSSRecovery, lost: list[int], path: str, result: PSSRecove
                  result.seconds)
     return result
 
+
+def adopt_restored_values(recovery: PSSRecovery) -> int:
+    """After every variable was read from a backup behind the protocol's back (a restarted coordinator's
+    ``BackupAndRestore``, `tf_ecrec.pss.backup`): the logs' pending steps discarded (they describe a state that
+    is gone), the generation raised on every PS (a step of the old one is refused), the step retraced.
+    Returns how many pending steps were discarded."""
+    alive = list(range(recovery.protection.num_ps))
+    settle = recovery._reconciler()
+    recovery.protection.generation = recovery.raise_generation(settle, alive)  # for an optimizer built after
+    discarded = settle.built.discard(settle, alive)
+    recovery._resume()
+    return discarded

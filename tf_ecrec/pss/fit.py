@@ -30,6 +30,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.pss.backup import Backups
 from tf_ecrec.pss.checkpoint import save
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
@@ -48,6 +49,7 @@ class FitResult:
     stale_settled: list[dict[str, int]] = dataclasses.field(default_factory=list)
     settle_errors: list[str] = dataclasses.field(default_factory=list)  # a stale settlement that raised
     checkpoints: list[str] = dataclasses.field(default_factory=list)
+    restored_step: int | None = None  # the step of the BackupAndRestore backup `fit` began from (None: none)
 
 
 def fit(
@@ -86,6 +88,8 @@ def fit(
         per call, and the checkpoint is written between calls, with no step in
         flight); a loss beyond the code restores the last one instead of
         raising (method "checkpoint", the steps since it rolled back).
+      callbacks: given to ``model.fit``, but Keras' ``BackupAndRestore``: `fit` backs up at each epoch's end
+        and restores the latest backup when it begins (`tf_ecrec.pss.backup`).
       **fit_kwargs: more ``model.fit`` arguments (not ``initial_epoch``).
 
     Raises:
@@ -101,28 +105,34 @@ def fit(
             raise RecoveryError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.fit")
         recovery = PSSRecovery(protection, model)
     protected_optimizer(model, recovery.protection)  # a stock optimizer would train unprotected: refused first
+    backups = Backups(model, callbacks)  # BackupAndRestore: run here, between model.fit calls (tf_ecrec.pss.backup)
     result = FitResult()
+    if backups:
+        result.restored_step = backups.restore(recovery)
     total = int(epochs) * int(steps_per_epoch)
     while True:
         done = int(model.optimizer.iterations.numpy())
         if done >= total:
             result.steps = done
+            backups.finish()
             return result
         epoch, within = divmod(done, int(steps_per_epoch))
         settler = _StaleSettler(recovery, result)
         try:
-            if within or checkpoint_dir:  # one epoch (finish the epoch a failure cut; checkpoint between epochs)
+            if within or checkpoint_dir or backups:  # one epoch (finish one a failure cut; save between epochs)
                 result.histories.append(model.fit(
                     x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
-                    callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
+                    callbacks=backups.others, verbose=verbose, **fit_kwargs))
+                settler.stop()
+                if backups:
+                    backups.back_up(epoch)
                 if checkpoint_dir and (epoch + 1) % checkpoint_epochs == 0:
-                    settler.stop()
                     step = int(model.optimizer.iterations.numpy())
                     result.checkpoints.append(save(recovery, os.path.join(checkpoint_dir, f"ckpt-{step}")))
             else:
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
-                    callbacks=list(callbacks), verbose=verbose, **fit_kwargs))
+                    callbacks=backups.others, verbose=verbose, **fit_kwargs))
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
             if not _may_be_a_task_failure(exc):
                 raise

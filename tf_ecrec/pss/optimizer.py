@@ -65,7 +65,8 @@ class ECOptimizerV2(tf.keras.optimizers.Optimizer):
         if self._protection_built:
             return
         protection = self.protection
-        self.protector.bind(protection.collections, protection.num_ps, protection.ec)
+        # At the cluster's generation: a job that restored a backup before its first step raised it already.
+        self.protector.bind(protection.collections, protection.num_ps, protection.ec, protection.generation)
         protection.placement.create(lambda: self.protector.create_variables(var_list, self.iterations))
         self._variables.extend(self.protection_variables())
         self._protection_built = True

@@ -49,6 +49,7 @@ class PSSProtection:
         self.ec.check_cluster(self.placement.num_ps, source="tf_ecrec.pss.protect (the strategy's ps job)")
         self.collections: list[EmbeddingCollection] = []
         self.optimizers: list[Any] = []
+        self.generation = 0  # what an optimizer built from now on binds its step to (raised by a restored backup)
 
     @property
     def num_ps(self) -> int:

@@ -1,0 +1,91 @@
+"""Keras' ``BackupAndRestore`` under `tf_ecrec.pss.fit`: backups between ``model.fit`` calls, a restart resumes.
+
+Given to ``model.fit`` as it is, the callback cannot work with a fit that survives PS failures: the
+callback deletes its backup at the end of every ``model.fit`` call (`fit` makes several: one per
+recovery, one per epoch a failure cut), and at the start of the call after a recovery it would
+restore its last backup, taking the job back to the end of the last whole epoch.  So `fit` takes the
+user's ``BackupAndRestore`` callbacks out of the list it gives ``model.fit`` and does their work
+itself, with Keras' own training state (``WorkerTrainingState``: the same checkpoint, in the same
+directory, as the callback writes, so a stock script reads it too):
+
+- at the start of `fit`, the latest backup is restored, as the callback does at the start of
+  training; a coordinator restarted after it died goes on from its last backup (every variable
+  of the model and its protection, the iteration count), and the delta logs' pending steps are
+  discarded and the generation raised, as after a restore from a checkpoint (the steps the dead
+  coordinator left in flight describe a state that is gone);
+- at the end of every epoch ``model.fit`` runs one epoch per call, and the backup is written
+  between calls, with no step in flight, so parity in it is the code of the data in it;
+- after a recovery nothing is restored: the recovered state is newer than any backup;
+- at the end of training the backups are deleted unless the callback says otherwise
+  (``delete_checkpoint=False``).
+
+Only ``save_freq="epoch"`` is supported (under ParameterServerStrategy Keras backs up at epoch ends
+only), without ``save_before_preemption``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from tf_ecrec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tf_ecrec.pss.recovery import PSSRecovery
+
+_LOG = logging.getLogger(__name__)
+
+
+class Backups:
+    """The ``BackupAndRestore`` callbacks of one `fit` call (see the module doc); `others` are the rest."""
+
+    def __init__(self, model: tf.keras.Model, callbacks: Sequence[Any]) -> None:
+        from keras.src.distribute.worker_training_state import WorkerTrainingState  # Keras' own backup files
+
+        self.callbacks = [c for c in callbacks if isinstance(c, tf.keras.callbacks.BackupAndRestore)]
+        self.others = [c for c in callbacks if not isinstance(c, tf.keras.callbacks.BackupAndRestore)]
+        for c in self.callbacks:
+            if c.save_freq != "epoch" or c.save_before_preemption:
+                raise ConfigError(
+                    f"BackupAndRestore(save_freq={c.save_freq!r}, save_before_preemption={c.save_before_preemption}); "
+                    "rule: tf_ecrec.pss.fit backs up at the end of each epoch, save_freq='epoch' without "
+                    "save_before_preemption (Keras backs up at epoch ends only under ParameterServerStrategy); "
+                    "source: the callbacks given to tf_ecrec.pss.fit")
+        # Outside the strategy's scope: the saved epoch and batch are the coordinator's own variables, where no
+        # PS failure can take them (inside it, a variable goes to a PS, and a lost PS would leave it dead).
+        self._states = [WorkerTrainingState(model, c.backup_dir, "epoch", False) for c in self.callbacks]
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    def restore(self, recovery: PSSRecovery) -> int | None:
+        """Restores the latest backup of the first callback that has one; returns its step (None: none)."""
+        from tf_ecrec.pss.checkpoint import adopt_restored_values
+
+        for callback, state in zip(self.callbacks, self._states):
+            manager = state.read_checkpoint_manager
+            if manager.latest_checkpoint is None:
+                continue
+            manager.restore_or_initialize()
+            discarded = adopt_restored_values(recovery)
+            step = int(recovery.optimizer.iterations.numpy())
+            _LOG.warning("restored the backup %s of BackupAndRestore(%s): step %d, epoch %d; %d pending steps discarded",
+                         manager.latest_checkpoint, callback.backup_dir, step, int(state._ckpt_saved_epoch.numpy()),
+                         discarded)
+            return step
+        return None
+
+    def back_up(self, epoch: int) -> None:
+        """Writes every callback's backup at the end of `epoch` (call it with no step in flight)."""
+        for state in self._states:
+            state._ckpt_saved_epoch.assign(epoch)
+            state.back_up(epoch)
+
+    def finish(self) -> None:
+        """At the end of training: the backups deleted, unless a callback keeps its own."""
+        for callback, state in zip(self.callbacks, self._states):
+            if callback.delete_checkpoint:
+                state.delete_backup()
