@@ -13,8 +13,10 @@ directory, as the callback writes, so a stock script reads it too):
   of the model and its protection, the iteration count), and the delta logs' pending steps are
   discarded and the generation raised, as after a restore from a checkpoint (the steps the dead
   coordinator left in flight describe a state that is gone);
-- at the end of every epoch ``model.fit`` runs one epoch per call, and the backup is written
-  between calls, with no step in flight, so parity in it is the code of the data in it;
+- at the end of every epoch the backup is written, from a callback of `fit`'s own that does only
+  that: Keras calls ``on_epoch_end`` once the epoch's steps are joined (its data handler's ``sync``,
+  the coordinator's ``join``), so no step is in flight and parity in the backup is the code of the
+  data in it; ``model.fit`` still runs all its epochs in one call;
 - after a recovery nothing is restored: the recovered state is newer than any backup;
 - at the end of training the backups are deleted unless the callback says otherwise
   (``delete_checkpoint=False``).
@@ -43,10 +45,11 @@ class Backups:
     """The ``BackupAndRestore`` callbacks of one `fit` call (see the module doc); `others` are the rest."""
 
     def __init__(self, model: tf.keras.Model, callbacks: Sequence[Any]) -> None:
-        from keras.src.distribute.worker_training_state import WorkerTrainingState  # Keras' own backup files
-
+        self._model = model
         self.callbacks = [c for c in callbacks if isinstance(c, tf.keras.callbacks.BackupAndRestore)]
         self.others = [c for c in callbacks if not isinstance(c, tf.keras.callbacks.BackupAndRestore)]
+        if self.callbacks:
+            self.others.append(_BackUpAtEpochEnd(self))
         for c in self.callbacks:
             if c.save_freq != "epoch" or c.save_before_preemption:
                 raise ConfigError(
@@ -54,9 +57,17 @@ class Backups:
                     "rule: tf_ecrec.pss.fit backs up at the end of each epoch, save_freq='epoch' without "
                     "save_before_preemption (Keras backs up at epoch ends only under ParameterServerStrategy); "
                     "source: the callbacks given to tf_ecrec.pss.fit")
-        # Outside the strategy's scope: the saved epoch and batch are the coordinator's own variables, where no
-        # PS failure can take them (inside it, a variable goes to a PS, and a lost PS would leave it dead).
-        self._states = [WorkerTrainingState(model, c.backup_dir, "epoch", False) for c in self.callbacks]
+        self._states = self._make_states()
+
+    def _make_states(self) -> list[Any]:
+        """Keras' training state per callback, over the model's variables of now (`back_up` makes them again after a
+        recovery re-created Keras' step counter on a rebuilt PS: the old state's checkpoint names the dead one).
+        Made outside the strategy's scope: the saved epoch and batch are the coordinator's own variables, where no
+        PS failure can take them."""
+        from keras.src.distribute.worker_training_state import WorkerTrainingState  # Keras' own backup files
+
+        self._counter = getattr(self._model, "_train_counter", None)
+        return [WorkerTrainingState(self._model, c.backup_dir, "epoch", False) for c in self.callbacks]
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
@@ -80,6 +91,8 @@ class Backups:
 
     def back_up(self, epoch: int) -> None:
         """Writes every callback's backup at the end of `epoch` (call it with no step in flight)."""
+        if getattr(self._model, "_train_counter", None) is not self._counter:
+            self._states = self._make_states()
         for state in self._states:
             state._ckpt_saved_epoch.assign(epoch)
             state.back_up(epoch)
@@ -89,3 +102,14 @@ class Backups:
         for callback, state in zip(self.callbacks, self._states):
             if callback.delete_checkpoint:
                 state.delete_backup()
+
+
+class _BackUpAtEpochEnd(tf.keras.callbacks.Callback):
+    """What `fit` gives ``model.fit`` in place of the user's ``BackupAndRestore``: a backup at each epoch's end."""
+
+    def __init__(self, backups: Backups) -> None:
+        super().__init__()
+        self._backups = backups
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._backups.back_up(epoch)

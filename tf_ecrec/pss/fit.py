@@ -119,14 +119,12 @@ def fit(
         epoch, within = divmod(done, int(steps_per_epoch))
         settler = _StaleSettler(recovery, result)
         try:
-            if within or checkpoint_dir or backups:  # one epoch (finish one a failure cut; save between epochs)
+            if within or checkpoint_dir:  # one epoch (finish the epoch a failure cut; checkpoint between epochs)
                 result.histories.append(model.fit(
                     x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
                     callbacks=backups.others, verbose=verbose, **fit_kwargs))
-                settler.stop()
-                if backups:
-                    backups.back_up(epoch)
                 if checkpoint_dir and (epoch + 1) % checkpoint_epochs == 0:
+                    settler.stop()
                     step = int(model.optimizer.iterations.numpy())
                     result.checkpoints.append(save(recovery, os.path.join(checkpoint_dir, f"ckpt-{step}")))
             else:
