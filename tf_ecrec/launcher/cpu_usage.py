@@ -29,6 +29,32 @@ CPU_SAMPLE_SECS = 1.0
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def busy_seconds(pid: int) -> float | None:
+    """Seconds the threads of a process have run or waited to run so far, or None if it is gone.
+
+    Summed over ``/proc/PID/task/*/schedstat`` (time on a CPU, time waiting on a run queue): a process
+    that computes on a machine whose cores other processes take keeps gaining it as fast as one that
+    has a core to itself, where its CPU time alone (`cpu_seconds`) grows with the share it is given; a
+    stopped process, or one blocked on a lock or a network that answers nothing, gains next to nothing.
+    Falls back to `cpu_seconds` where the kernel keeps no schedstat.
+    """
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
+                running, waiting = fh.read().split()[:2]
+            total += int(running) + int(waiting)
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    if total == 0:
+        return cpu_seconds(pid)
+    return total / 1e9
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process so far (``/proc/PID/stat``), or None if it is gone."""
     try:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from tf_ecrec.launcher.cpu_usage import cpu_seconds
+from tf_ecrec.launcher.cpu_usage import busy_seconds
 from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
 from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits, MemoryLimits
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
@@ -108,7 +108,7 @@ class ExitWatch:
             last = self._probe.last_answer(task.name, task.cluster.address)
             if last is None or last < task.started_at:
                 continue
-            cpu = cpu_seconds(task.process.pid)
+            cpu = busy_seconds(task.process.pid)  # run or waited to run: a starved PS is busy too
             seen = self._answered.get(task.name)
             if seen is None or seen[0] != last:  # a new answer: the CPU its silence, if any, is weighed against
                 seen = self._answered[task.name] = (last, now, cpu)

@@ -33,7 +33,8 @@ from typing import Any
 from tf_ecrec.ps_session import GET_STATUS
 
 BUSY_SHARE = 0.2
-"""Share of one core a silent PS must have spent since its last answer to count as busy, not hung."""
+"""Share of one core a silent PS must have run or waited to run (`tf_ecrec.launcher.cpu_usage.busy_seconds`)
+since its last answer to count as busy, not hung."""
 BUSY_GRACE = 5.0
 """A busy PS silent for this many times ``--ps-hang-secs`` is killed all the same (nothing waits for ever)."""
 
