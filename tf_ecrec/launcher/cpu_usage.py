@@ -42,17 +42,15 @@ def busy_seconds(pid: int) -> float | None:
         threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
-    total = 0
+    total, read = 0, False
     for tid in threads:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
                 running, waiting = fh.read().split()[:2]
-            total += int(running) + int(waiting)
+            total, read = total + int(running) + int(waiting), True
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-    if total == 0:
-        return cpu_seconds(pid)
-    return total / 1e9
+    return total / 1e9 if read else cpu_seconds(pid)
 
 
 def cpu_seconds(pid: int) -> float | None:

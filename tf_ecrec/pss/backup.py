@@ -1,4 +1,4 @@
-"""Keras' ``BackupAndRestore`` under `tf_ecrec.pss.fit`: backups between ``model.fit`` calls, a restart resumes.
+"""Keras' ``BackupAndRestore`` under `tf_ecrec.pss.fit`: a backup at each epoch's end, a restarted job resumes.
 
 Given to ``model.fit`` as it is, the callback cannot work with a fit that survives PS failures: the
 callback deletes its backup at the end of every ``model.fit`` call (`fit` makes several: one per
