@@ -137,10 +137,14 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
         reporter.sessions.append(result.step)
 
     spe = _steps_per_epoch(job.steps)
+    # Keras' BackupAndRestore, as the TF tutorial uses it: a chief (the coordinator) killed and restarted
+    # resumes from the backup of the last epoch's end instead of step 0 (tf_ecrec.pss.backup).
+    backup = tf.keras.callbacks.BackupAndRestore(os.path.join(job.model_dir, "backup"))
     try:
         result = tf_ecrec.pss.fit(model, tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=job.steps // spe,
-                                  steps_per_epoch=spe, verbose=2, on_recovery=on_recovery,
-                                  on_failure=lambda exc: reporter.pause(), on_resume=reporter.resume)
+                                  steps_per_epoch=spe, verbose=2, on_recovery=on_recovery, callbacks=[backup],
+                                  on_failure=lambda exc: reporter.pause(), on_resume=reporter.resume,
+                                  on_restored=lambda step: _restored(log_path, cluster.task, step, sender))
     finally:
         reporter.stop()
     digest = _digest(model)
@@ -149,6 +153,15 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     if sender is not None:
         sender.send(StatusKind.DONE, step=result.steps, records=result.steps * job.batch_size, steps=result.steps,
                     corrupt_records=0)
+
+
+def _restored(log_path: str, task: str, step: int, sender: Any) -> None:
+    """A restarted chief began from its backup of `step`: logged, and a session at that step for the report."""
+    _LOG.warning("resumed from the backup of step %d", step)
+    with open(log_path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"time": round(time.time(), 3), "task": task, "method": "backup", "global_step": step}) + "\n")
+    if sender is not None:
+        sender.send(StatusKind.SESSION, step=step, session=1, restored="backup")
 
 
 def _keras_optimizer(name: str, learning_rate: float) -> Any:

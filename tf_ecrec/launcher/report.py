@@ -153,8 +153,9 @@ def recovery_entries(
             method = recovered.extra.get("method")
         elif kill.task.startswith("ps:"):
             method = {"checkpoint": "checkpoint", "none": "init"}.get(fault_tolerance, "unknown")
-        else:
-            method = "none"  # a worker or the chief: no state to rebuild
+        else:  # a worker or the chief: no state to rebuild, but a restarted Keras chief resumes from its backup
+            method = next((e.extra["restored"] for e in later if e.kind == "session" and e.task == kill.task
+                           and e.extra.get("restored")), "none")
         # The lowest global step seen after the kill: a new session's first read, or the step of the first completed
         # step (with several workers, up to workers - 1 steps above the true restore point).
         seen = [
@@ -264,10 +265,7 @@ def steady_window(timeline: Sequence[tuple[float, int, int]], warmup_step: int) 
 
 
 def steady_rates(
-    timeline: Sequence[tuple[float, int, int]],
-    events: Sequence[Event],
-    t0: float,
-    warmup_step: int,
+    timeline: Sequence[tuple[float, int, int]], events: Sequence[Event], t0: float, warmup_step: int,
 ) -> tuple[float, float]:
     """(steady-state, effective) records per second after warm-up; see the module docstring."""
     window = steady_window(timeline, warmup_step)

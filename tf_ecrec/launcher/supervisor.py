@@ -186,9 +186,8 @@ class Supervisor:
             os.makedirs(state_dir, exist_ok=True)
             token_file = model_dir.master_token_file(job.model_dir)
             self._token = make_token(token_file)
-            self._run.master = MasterProcess(
-                port, state_dir, token_file, model_dir.log_file(job.model_dir, "master"), job.zk, job.task_timeout,
-            )
+            self._run.master = MasterProcess(port, state_dir, token_file, model_dir.log_file(job.model_dir, "master"),
+                                             job.zk, job.task_timeout)
             self._run.master.start(wait=True)
             self._run.event(EventKind.START, "master")
             address = self._run.master.address
@@ -295,7 +294,8 @@ class Supervisor:
             return True
         if kind is StatusKind.SESSION:
             self._session_at[task] = t
-            self._run.event(EventKind.SESSION, task, int(msg.get("step", 0)), t=t)
+            self._run.event(EventKind.SESSION, task, int(msg.get("step", 0)), t=t,  # "restored": a chief's backup
+                            **({"restored": msg["restored"]} if msg.get("restored") else {}))
             if task == "chief:0":
                 if self.job.strategy is not Strategy.PSS:
                     self._reader.start()

@@ -60,14 +60,24 @@ class Backups:
         self._states = self._make_states()
 
     def _make_states(self) -> list[Any]:
-        """Keras' training state per callback, over the model's variables of now (`back_up` makes them again after a
-        recovery re-created Keras' step counter on a rebuilt PS: the old state's checkpoint names the dead one).
-        Made outside the strategy's scope: the saved epoch and batch are the coordinator's own variables, where no
-        PS failure can take them."""
+        """Keras' training state per callback, over the model's variables of now (`after_recovery` makes them again
+        when a recovery re-created Keras' step counter on a rebuilt PS: the old state's checkpoint names the dead
+        one).  Made outside the strategy's scope: the saved epoch and batch and the checkpoint's save counter are the
+        coordinator's own variables, where no PS failure can take them."""
         from keras.src.distribute.worker_training_state import WorkerTrainingState  # Keras' own backup files
 
         self._counter = getattr(self._model, "_train_counter", None)
-        return [WorkerTrainingState(self._model, c.backup_dir, "epoch", False) for c in self.callbacks]
+        states = [WorkerTrainingState(self._model, c.backup_dir, "epoch", False) for c in self.callbacks]
+        for state in states:  # its save counter made now too: at the first save, inside fit's scope, on some PS
+            state.write_checkpoint_manager.checkpoint.save_counter  # noqa: B018 (a property that creates it)
+        return states
+
+    def after_recovery(self) -> None:
+        """Between ``model.fit`` calls, after a recovery: Keras' training state made again if the recovery replaced
+        the step counter, here rather than in the backup callback (inside ``model.fit``'s strategy scope its new
+        variables would be placed on a PS)."""
+        if self.callbacks and getattr(self._model, "_train_counter", None) is not self._counter:
+            self._states = self._make_states()
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
@@ -91,8 +101,6 @@ class Backups:
 
     def back_up(self, epoch: int) -> None:
         """Writes every callback's backup at the end of `epoch` (call it with no step in flight)."""
-        if getattr(self._model, "_train_counter", None) is not self._counter:
-            self._states = self._make_states()
         for state in self._states:
             state._ckpt_saved_epoch.assign(epoch)
             state.back_up(epoch)

@@ -64,6 +64,7 @@ def fit(
     on_recovery: Callable[[PSSRecoveryResult], None] | None = None,
     on_failure: Callable[[BaseException], None] | None = None,
     on_resume: Callable[[], None] | None = None,
+    on_restored: Callable[[int], None] | None = None,
     timeout_secs: float = 300.0,
     max_failures: int = 20,
     checkpoint_dir: str | None = None,
@@ -81,6 +82,7 @@ def fit(
       on_recovery: called with each recovery's result.
       on_failure: called with the error when ``model.fit`` fails, before the recovery.
       on_resume: called after each recovery attempt, before ``model.fit`` runs again.
+      on_restored: called with the step of the ``BackupAndRestore`` backup `fit` began from, if it did.
       timeout_secs: how long to wait for a failed PS to come back.
       max_failures: failures tolerated in one call before giving up.
       checkpoint_dir: where to write a checkpoint every `checkpoint_epochs`
@@ -109,6 +111,8 @@ def fit(
     result = FitResult()
     if backups:
         result.restored_step = backups.restore(recovery)
+        if result.restored_step is not None and on_restored is not None:
+            on_restored(result.restored_step)
     total = int(epochs) * int(steps_per_epoch)
     while True:
         done = int(model.optimizer.iterations.numpy())
@@ -148,6 +152,7 @@ def fit(
                     on_recovery(recovered)
             else:
                 time.sleep(1.0)  # nothing lost: a worker's channel to a restarted PS is still reconnecting
+            backups.after_recovery()
             if on_resume is not None:
                 on_resume()
         finally:

@@ -47,7 +47,9 @@ class ECOptimizerV2(tf.keras.optimizers.Optimizer):
         self.rule = UpdateRule.of_keras(optimizer)
         with protection.strategy.scope():
             super().__init__(name=name)
-        self.wrapped = optimizer
+        # Not tracked: its variables (a `learning_rate` the strategy put on some PS) are none of the model's
+        # state, and a checkpoint would read them from a PS that a recovery rebuilt without them.
+        object.__setattr__(self, "wrapped", optimizer)
         self.protection = protection
         self.protector = ECOptimizer(None, ec=protection.ec, name=name, rule=self.rule)
         self._protection_built = False
