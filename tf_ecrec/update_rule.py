@@ -145,9 +145,9 @@ class UpdateRule:
 
     @classmethod
     def of_keras(cls, optimizer: Any) -> UpdateRule:
-        """Reads the update rule of a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl), from its config.
+        """Reads the update rule of a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl, RMSprop), from its config.
 
-        The ``tf.keras.optimizers.legacy`` classes of the same four (TensorFlow's parameter-server
+        The ``tf.keras.optimizers.legacy`` classes of the same five (TensorFlow's parameter-server
         tutorial uses them) are read the same way: their configs hold the same hyperparameters, and their
         inverse-time ``decay`` must be 0 (the rule's learning rate is a constant).
 
@@ -158,7 +158,9 @@ class UpdateRule:
         apply TensorFlow's sparse kernels: SGD as ``ResourceScatterAdd``
         (momentum > 0: the Momentum rule, the same update for a constant
         learning rate), Adagrad as ``ResourceSparseApplyAdagrad`` (no epsilon),
-        Adam lazily (LazyAdam), Ftrl as ``ResourceSparseApplyFtrlV2``.
+        Adam lazily (LazyAdam), Ftrl as ``ResourceSparseApplyFtrlV2``, RMSprop as
+        ``ResourceSparseApplyRMSProp`` / ``...CenteredRMSProp`` (Keras adds its ``epsilon`` outside the
+        square root, the kernel inside; the mean square starts at zeros, as Keras' does).
 
         Raises:
           ConfigError: another optimizer class, a learning-rate schedule, or a
@@ -175,12 +177,14 @@ class UpdateRule:
             keras.optimizers.legacy.Adagrad: RuleKind.ADAGRAD,
             keras.optimizers.legacy.Adam: RuleKind.ADAM,
             keras.optimizers.legacy.Ftrl: RuleKind.FTRL,
+            keras.optimizers.RMSprop: RuleKind.RMSPROP,
+            keras.optimizers.legacy.RMSprop: RuleKind.RMSPROP,  # the tutorial's optimizer
         }
         kind = families.get(type(optimizer))
         if kind is None:
             raise ConfigError(
                 f"tf_ecrec cannot apply {type(optimizer).__module__}.{type(optimizer).__name__} with parity deltas; "
-                "supported: tf.keras.optimizers.SGD, Adagrad, Adam (applied lazily) and Ftrl, and their "
+                "supported: tf.keras.optimizers.SGD, Adagrad, Adam (applied lazily), Ftrl and RMSprop, and their "
                 "tf.keras.optimizers.legacy classes; source: the model's optimizer"
             )
         config = optimizer.get_config()
@@ -213,6 +217,11 @@ class UpdateRule:
         if kind == RuleKind.ADAM:
             hyper = {"beta1": number("beta_1"), "beta2": number("beta_2"), "epsilon": number("epsilon")}
             return cls(kind, lr, (("m", 0.0), ("v", 0.0)), hyper)
+        if kind == RuleKind.RMSPROP:  # Keras' velocity (and average gradient) start at zeros; the ops take (mg,) ms, mom
+            hyper = {"rho": number("rho"), "momentum": number("momentum"), "epsilon": number("epsilon"),
+                     "centered": bool(config["centered"])}
+            mean_square = (("average_gradient", 0.0),) if hyper["centered"] else ()
+            return cls(kind, lr, (*mean_square, ("velocity", 0.0), ("momentum", 0.0)), hyper)
         hyper = _ftrl_hyper(lr, number("l1_regularization_strength"), number("l2_regularization_strength"),
                             number("beta"), number("l2_shrinkage_regularization_strength"), number("learning_rate_power"))
         return cls(kind, lr, (("accumulator", number("initial_accumulator_value")), ("linear", 0.0)), hyper)

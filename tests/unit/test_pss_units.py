@@ -24,6 +24,9 @@ from tf_ecrec.update_rule import RuleKind, UpdateRule
      (("accumulator", 0.25),)),
     (lambda: tf.keras.optimizers.legacy.Adam(0.01, beta_1=0.8), RuleKind.ADAM, (("m", 0.0), ("v", 0.0))),
     (lambda: tf.keras.optimizers.legacy.Ftrl(0.1), RuleKind.FTRL, (("accumulator", 0.1), ("linear", 0.0))),
+    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1), RuleKind.RMSPROP, (("velocity", 0.0), ("momentum", 0.0))),
+    (lambda: tf.keras.optimizers.RMSprop(0.1, centered=True, momentum=0.5), RuleKind.RMSPROP,
+     (("average_gradient", 0.0), ("velocity", 0.0), ("momentum", 0.0))),
 ])
 def test_the_rule_of_a_keras_optimizer(optimizer, kind, slots) -> None:
     rule = UpdateRule.of_keras(optimizer())
@@ -33,6 +36,10 @@ def test_the_rule_of_a_keras_optimizer(optimizer, kind, slots) -> None:
         assert rule.hyper["beta1"] == pytest.approx(0.8)
     if kind is RuleKind.MOMENTUM:
         assert rule.hyper == {"momentum": pytest.approx(0.9), "use_nesterov": True}
+    if kind is RuleKind.RMSPROP:
+        config = optimizer().get_config()
+        assert rule.hyper == {"rho": pytest.approx(0.9), "momentum": pytest.approx(config["momentum"]),
+                              "epsilon": pytest.approx(1e-7), "centered": config["centered"]}
 
 
 def test_ftrl_folds_beta_into_l2_as_the_v1_rule_does() -> None:
@@ -41,8 +48,8 @@ def test_ftrl_folds_beta_into_l2_as_the_v1_rule_does() -> None:
 
 
 @pytest.mark.parametrize("optimizer, named", [
-    (lambda: tf.keras.optimizers.RMSprop(0.1), "RMSprop"),
-    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1), "RMSprop"),
+    (lambda: tf.keras.optimizers.Adadelta(0.1), "Adadelta"),
+    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1, decay=0.01), "decay=0.01"),
     (lambda: tf.keras.optimizers.legacy.Adagrad(0.1, decay=0.01), "decay=0.01"),
     (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm=1.0"),
     (lambda: tf.keras.optimizers.Adagrad(0.1, clipnorm=1.0), "clipnorm=1.0"),

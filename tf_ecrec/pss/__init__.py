@@ -6,6 +6,7 @@ in its scope, compile with `PSSProtection.optimizer`, and train with
 """
 
 import os
+from typing import Any
 
 from tf_ecrec.pss.fit import FitResult, fit
 from tf_ecrec.pss.partitioner import ECPartitioner
@@ -47,7 +48,42 @@ def prepare_process(wait_secs: float = WAIT_SECS) -> float:
     return wait_until_serving(tasks, float(wait_secs), "TF_CONFIG (tf_ecrec.pss.prepare_process)")
 
 
+def start_server(resolver: Any = None) -> Any:
+    """Starts this process's PS or worker task of a protected job and returns its ``tf.distribute.Server``
+    (call ``join()`` on it): the op library loaded (the step runs tf_ecrec ops on every task) and gRPC
+    channels that reconnect fast (a PS moves deltas to the other PS, and one restarted must be reached again
+    at once).  The task is `resolver`'s (default: ``TFConfigClusterResolver``, from TF_CONFIG)."""
+    import tensorflow as tf
+
+    from tf_ecrec.ops import load_library
+    from tf_ecrec.ps_session import fast_reconnect
+
+    fast_reconnect()  # before the server makes its first channel
+    load_library()
+    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                protocol=resolver.rpc_layer or "grpc", start=True)
+
+
+def check_parity(model: Any) -> dict[str, Any]:
+    """Reads every table, slot, parity and replica of `model` (compiled with its protection's optimizer; call it
+    when no step is in flight, after `fit`) and checks each parity chunk and replica against the data it encodes
+    (`tf_ecrec.verify.check_parity`): ``mismatches`` and ``replica_mismatches`` are 0 when they are exact."""
+    from tf_ecrec.device import variable_name
+    from tf_ecrec.errors import ConfigError
+    from tf_ecrec.pss.optimizer import protected_optimizer
+    from tf_ecrec.verify import check_parity as check
+
+    with model.distribute_strategy.scope():
+        protection = current_protection()
+    if protection is None:
+        raise ConfigError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.check_parity")
+    optimizer = protected_optimizer(model, protection)
+    variables = [*model.trainable_variables, *optimizer.protection_variables(), optimizer.iterations]
+    return check(optimizer.describe(), {variable_name(v): v.numpy() for v in variables})
+
+
 __all__ = [
     "ECPartitioner", "FitResult", "PSPlacement", "PSSProtection", "PSSRecovery", "PSSRecoveryResult",
-    "current_protection", "fit", "is_ps_failure", "prepare_process", "protect",
+    "check_parity", "current_protection", "fit", "is_ps_failure", "prepare_process", "protect", "start_server",
 ]
