@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -16,6 +17,16 @@ from harness.ports import free_port
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "estimator_examples", "pss_tutorial.py")
 EPOCHS, STEPS_PER_EPOCH = 6, 20
+
+
+def test_the_guide_shows_exactly_the_lines_the_script_marks_as_the_adoption():
+    with open(SCRIPT, encoding="utf-8") as fh:
+        marked = [line.strip() for line in fh if "# tf_ecrec" in line]
+    with open(os.path.join(REPO, "docs", "pss.md"), encoding="utf-8") as fh:
+        section = fh.read().split("## TensorFlow's tutorial, protected", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "docs/pss.md shows no adoption block for the tutorial"
+    assert [line.strip() for line in block.group(1).splitlines() if line.strip()] == marked
 
 
 class Tasks:
