@@ -196,7 +196,7 @@ class PSSRecovery:
         # 5. rebuild them.
         stats = self._rebuild_tables(lost)
         self._rebuild_dense(replaced)
-        self._resume()
+        self._resume(settle)
         self._unfinished = set()
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
@@ -214,9 +214,9 @@ class PSSRecovery:
         settle.built.set_generation(settle, alive, self.generation)
         return self.generation
 
-    def _resume(self) -> None:
-        """Every log at the new generation (a rebuilt PS's fresh one too), the step bound to it, retraced next."""
-        settle = self._reconciler()
+    def _resume(self, settle: FunctionSession | None = None) -> None:
+        """Every log at the new generation (a rebuilt PS's fresh one too: `settle`'s handles reach it), the step bound to it."""
+        settle = settle or self._reconciler()
         settle.built.set_generation(settle, range(self.protection.num_ps), self.generation)
         self.optimizer.protector.bind(self.protection.collections, self.protection.num_ps, self.protection.ec,
                                       self.generation)
