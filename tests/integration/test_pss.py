@@ -289,6 +289,14 @@ def backup_and_restore_case() -> None:
                 where = tf.DeviceSpec.from_string(adagrad._learning_rate.device)
                 assert where.job == "ps", where
                 victim = int(where.task)
+                # `fit` called in the strategy's scope still keeps Keras' backup state on the coordinator (made in
+                # the scope, its variables would go to some PS, which a failure could take with them).
+                from tf_ecrec.pss.backup import Backups
+
+                with protection.strategy.scope():
+                    state = Backups(model, [tf.keras.callbacks.BackupAndRestore(backup_dir)])._states[0]
+                for v in (state._ckpt_saved_epoch, state.write_checkpoint_manager.checkpoint.save_counter):
+                    assert "/job:ps/" not in v.device, v.device
                 started = fit_started()
                 seen: list[int] = []
 

@@ -28,6 +28,7 @@ only), without ``save_before_preemption``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,10 +68,25 @@ class Backups:
         from keras.src.distribute.worker_training_state import WorkerTrainingState  # Keras' own backup files
 
         self._counter = getattr(self._model, "_train_counter", None)
-        states = [WorkerTrainingState(self._model, c.backup_dir, "epoch", False) for c in self.callbacks]
-        for state in states:  # its save counter made now too: at the first save, inside fit's scope, on some PS
-            state.write_checkpoint_manager.checkpoint.save_counter  # noqa: B018 (a property that creates it)
-        return states
+
+        def make() -> list[Any]:
+            states = [WorkerTrainingState(self._model, c.backup_dir, "epoch", False) for c in self.callbacks]
+            for state in states:  # its save counter made now too: at the first save, inside fit's scope, on some PS
+                state.write_checkpoint_manager.checkpoint.save_counter  # noqa: B018 (a property that creates it)
+            return states
+
+        if not tf.distribute.has_strategy():
+            return make()
+        # `fit` called in the strategy's scope: made on a thread of its own, where no scope is entered (a
+        # strategy's scope is per thread), so the variables are still the coordinator's.
+        made: list[Any] = []
+        thread = threading.Thread(target=lambda: made.append(make()), name="tf_ecrec-backup-state", daemon=True)
+        thread.start()
+        thread.join(60.0)
+        if not made:
+            raise ConfigError("Keras' training state for BackupAndRestore was not made within 60 s on its own thread; "
+                              "source: tf_ecrec.pss.backup")
+        return made[0]
 
     def after_recovery(self) -> None:
         """Between ``model.fit`` calls, after a recovery: Keras' training state made again if the recovery replaced
