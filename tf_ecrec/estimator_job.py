@@ -159,8 +159,7 @@ class _Job:
     def __init__(self, estimator: Any, ec: ECConfig | None, *, cluster_source: ClusterSource | None,
                  session_timeout_secs: float, wait_secs: float, warm_start_from: Any,
                  recovery_listener: Callable[[Any], None] | None, rebuild_slice_mb: float, rebuild_share: float) -> None:
-        if not isinstance(estimator, tf.estimator.Estimator):
-            raise ConfigError(f"estimator={estimator!r}; rule: a tf.estimator.Estimator; source: tf_ecrec.train")
+        _check_estimator(estimator)
         raw = _raw_tf_config()
         task = raw.get("task") or {}
         self.task_type = str(task.get("type", ""))
@@ -274,6 +273,22 @@ def train(estimator: Any, input_fn: Callable[[], Any], *, max_steps: int | None 
         job.serve()
         return
     job.train(input_fn, max_steps=max_steps, hooks=hooks, saving_listeners=saving_listeners)
+
+
+def _check_estimator(estimator: Any) -> None:
+    """A `tf.estimator.Estimator` of the user's own model_fn; a canned one, or a v1 class, named at start."""
+    kind = type(estimator)
+    name = f"{kind.__module__}.{kind.__name__}"
+    if ".canned." in kind.__module__:  # DNNClassifier, DNNLinearCombinedClassifier, LinearClassifier, ... (v1 or v2)
+        raise ConfigError(
+            f"estimator is a canned {kind.__name__} ({name}); rule: tf_ecrec protects a tf.estimator.Estimator whose "
+            "model_fn trains through one tf_ecrec.ECOptimizer and keeps its tables in tf_ecrec.EmbeddingCollection; a "
+            "canned estimator builds its own optimizers and feature-column variables, which are not protected yet: "
+            "write its model as a model_fn (docs/adoption.md); source: tf_ecrec.train")
+    if not isinstance(estimator, tf.estimator.Estimator):
+        v1 = isinstance(estimator, tf.compat.v1.estimator.Estimator)
+        raise ConfigError(f"estimator={estimator!r} ({name}); rule: a tf.estimator.Estimator"
+                          + (" (the TF2 class, not tf.compat.v1.estimator's)" if v1 else "") + "; source: tf_ecrec.train")
 
 
 def train_and_evaluate(estimator: Any, train_spec: Any, eval_spec: Any, *, ec: ECConfig | None = None,
