@@ -176,13 +176,12 @@ def _keras_optimizer(name: str, learning_rate: float) -> Any:
 
 def _digest(model: Any) -> dict[str, Any]:
     """The parity check and the digest of the model's variables (parity and replicas left out), by name."""
-    from tf_ecrec.device import variable_name
     from tf_ecrec.live_cluster import ArrayReader, streamed_digest
+    from tf_ecrec.pss.optimizer import protected_values
     from tf_ecrec.verify import check_parity, redundancy_names
 
-    opt = model.optimizer
-    meta = opt.describe()
-    arrays = {variable_name(v): v.numpy() for v in [*model.trainable_variables, *opt.protection_variables(), opt.iterations]}
+    meta = model.optimizer.describe()
+    arrays = protected_values(model)
     redundant = redundancy_names(meta)
     names = sorted(n for n in arrays if n not in redundant)
     digest, nbytes = streamed_digest(ArrayReader(arrays), names)

@@ -69,18 +69,15 @@ def check_parity(model: Any) -> dict[str, Any]:
     """Reads every table, slot, parity and replica of `model` (compiled with its protection's optimizer; call it
     when no step is in flight, after `fit`) and checks each parity chunk and replica against the data it encodes
     (`tf_ecrec.verify.check_parity`): ``mismatches`` and ``replica_mismatches`` are 0 when they are exact."""
-    from tf_ecrec.device import variable_name
     from tf_ecrec.errors import ConfigError
-    from tf_ecrec.pss.optimizer import protected_optimizer
+    from tf_ecrec.pss.optimizer import protected_optimizer, protected_values
     from tf_ecrec.verify import check_parity as check
 
     with model.distribute_strategy.scope():
         protection = current_protection()
     if protection is None:
         raise ConfigError("the model's strategy is not protected by tf_ecrec.pss.protect; source: tf_ecrec.pss.check_parity")
-    optimizer = protected_optimizer(model, protection)
-    variables = [*model.trainable_variables, *optimizer.protection_variables(), optimizer.iterations]
-    return check(optimizer.describe(), {variable_name(v): v.numpy() for v in variables})
+    return check(protected_optimizer(model, protection).describe(), protected_values(model))
 
 
 __all__ = [

@@ -75,10 +75,8 @@ class Backups:
                 state.write_checkpoint_manager.checkpoint.save_counter  # noqa: B018 (a property that creates it)
             return states
 
-        if not tf.distribute.has_strategy():
-            return make()
-        # `fit` called in the strategy's scope: made on a thread of its own, where no scope is entered (a
-        # strategy's scope is per thread), so the variables are still the coordinator's.
+        # Made on a thread of its own, where no strategy's scope is entered (a scope is per thread): the variables
+        # are the coordinator's even when `fit` is called in the strategy's scope.
         made: list[Any] = []
         thread = threading.Thread(target=lambda: made.append(make()), name="tf_ecrec-backup-state", daemon=True)
         thread.start()

@@ -123,3 +123,11 @@ def protected_optimizer(model: Any, protection: PSSProtection) -> ECOptimizerV2:
         "model.compile(optimizer=protection.optimizer(tf.keras.optimizers.Adagrad(...)), ...), in the strategy's "
         "scope; source: model.compile"
     )
+
+
+def protected_values(model: Any) -> dict[str, Any]:
+    """Every trainable variable of `model`, its protection's (slots, parity, replicas) and the iteration count, read
+    by name (call it when no step is in flight): what a parity check and a digest of the model read."""
+    optimizer = model.optimizer
+    variables = [*model.trainable_variables, *optimizer.protection_variables(), optimizer.iterations]
+    return {variable_name(v): v.numpy() for v in variables}
