@@ -11,6 +11,7 @@ TensorFlow)::
     tf_ecrec.EmbeddingTable(name, shape)        one protected table of any width, 1-D included
     tf_ecrec.train_and_evaluate(estimator, train_spec, eval_spec, ec=...)
     tf_ecrec.train(estimator, input_fn, ec=...) a user's Estimator protected, under any TF_CONFIG launcher
+    tf_ecrec.offline_estimator(estimator)       the trained model outside the cluster: predict, export_saved_model
 
 Importing ``tf_ecrec`` in a process that has imported TensorFlow loads the
 compiled op library (checked against the installed TensorFlow): a parameter
@@ -34,6 +35,7 @@ _LAZY = {
     "EmbeddingTable": ("tf_ecrec.embedding_table", "EmbeddingTable"),
     "train": ("tf_ecrec.estimator_job", "train"),
     "train_and_evaluate": ("tf_ecrec.estimator_job", "train_and_evaluate"),
+    "offline_estimator": ("tf_ecrec.offline", "offline_estimator"),
 }
 
 __all__ = ["ECConfig", "EcRecError", "__version__", *_LAZY]

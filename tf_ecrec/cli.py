@@ -321,6 +321,24 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result["mismatches"] == 0 and result["replica_mismatches"] == 0 else 1
 
 
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a finished ecrec job's model as a SavedModel that serves without tf_ecrec",
+        description="Build the job's model from its model dir (job.json, variables.json) and export its latest "
+        "checkpoint: stock TensorFlow ops only, the tables' data chunks and the dense weights.",
+    )
+    p.add_argument("--model-dir", required=True, help="the job's model dir")
+    p.add_argument("--export-dir", default=None, help="where the timestamped SavedModel goes (default: MODEL_DIR/export)")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tf_ecrec.launcher.export import export
+
+    print(export(args.model_dir, args.export_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``tf-ecrec``'s subcommands and their flags.
 
@@ -332,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     _gen_parser(sub)
     _verify_parser(sub)
+    _export_parser(sub)
     sub.add_parser("master", help="run the job master standalone (see tf-ecrec master --help)")
     return parser
 
@@ -345,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"run": _run, "gen-criteo": _gen, "verify": _verify}[args.command](args)
+        return {"run": _run, "gen-criteo": _gen, "verify": _verify, "export": _export}[args.command](args)
     except ConfigError as exc:
         print(f"tf-ecrec {args.command}: error: {exc}", file=sys.stderr)
         return 2

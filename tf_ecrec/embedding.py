@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tf_ecrec import codec, placement, unfolded
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import check_placed, on_ps, storage_device, variable_name
+from tf_ecrec.device import check_placed, on_ps, storage_device, storage_is_local, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
@@ -235,7 +235,8 @@ class EmbeddingCollection:
         for p in range(self.num_ps):
             if p in self.data:
                 var = self.data[p]
-                if not self.protected or exporting():
+                if not self.protected or exporting() or storage_is_local():
+                    # Read only (a SavedModel, an evaluator, an exporter): stock gathers, no op of ours.
                     values.append(tf.gather(var, locals_[p]))
                     continue
                 with tf.compat.v1.device(var.device):

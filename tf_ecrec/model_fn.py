@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from tf_ecrec.recovery.task_wait import TASK_WAIT_SECS, TaskWaitHook, run_config
 from tf_ecrec.step_program import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
+_nesting = threading.local()  # whether an ec_model_fn is building a graph on this thread
 
 
 def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | None = None, *,
@@ -68,6 +70,9 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     `task_wait_secs` bounds a worker's wait, before its session, for each task
     the session reaches (`tf_ecrec.recovery.task_wait`: TensorFlow's is unbounded).
 
+    An ec_model_fn called inside another (an Estimator whose model_fn is already wrapped, given to
+    `tf_ecrec.offline_estimator` or `tf_ecrec.train`) calls its model_fn as it is: the outer one decides.
+
     Raises (when the Estimator calls the model_fn):
       ConfigError: the cluster has fewer than k + r PS tasks, or a protected
         table is not updated by an ECOptimizer.
@@ -76,6 +81,19 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
     training_ps = num_ps
 
     def wrapped(features: Any, labels: Any, mode: str, params: Any, config: tf.estimator.RunConfig) -> tf.estimator.EstimatorSpec:
+        kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
+        if getattr(_nesting, "active", False):
+            # Inside another ec_model_fn (tf_ecrec.offline_estimator's or tf_ecrec.train's around an Estimator whose
+            # model_fn is already wrapped): the outer one's code, PS count, storage and scaffold apply.
+            return model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
+        _nesting.active = True
+        try:
+            return build(kwargs)
+        finally:
+            _nesting.active = False
+
+    def build(kwargs: dict[str, Any]) -> tf.estimator.EstimatorSpec:
+        mode, config = kwargs["mode"], kwargs["config"]
         num_ps: int = int(config.num_ps_replicas or 0) or int(training_ps or 0)
         if num_ps < 1:
             raise ConfigError(
@@ -88,7 +106,6 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
         training = mode == tf.estimator.ModeKeys.TRAIN
         context = ECContext(ec, num_ps, _generation(), commit=(commit_mode_from_environ() or "batched") if training else "in_step")
         set_context(context)
-        kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
         # A task outside the training cluster (an evaluator) builds the tables with the layout, locally.
         local = not config.num_ps_replicas and mode != tf.estimator.ModeKeys.TRAIN
         with local_storage() if local else tf.compat.v1.device(layout_placement):

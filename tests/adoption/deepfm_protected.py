@@ -103,6 +103,12 @@ def model_fn(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode=mode, predictions=predictions, loss=loss, train_op=train_op)
 
 
+def serving_input_receiver_fn():
+    feature_spec = {"feat_ids": tf.compat.v1.placeholder(tf.int64, [None, FLAGS.field_size], name="feat_ids"),
+                    "feat_vals": tf.compat.v1.placeholder(tf.float32, [None, FLAGS.field_size], name="feat_vals")}
+    return tf.estimator.export.build_raw_serving_input_receiver_fn(feature_spec)()
+
+
 def main():
     tr_files = sorted(glob.glob(os.path.join(FLAGS.data_dir, "tr*libsvm")))
     va_files = sorted(glob.glob(os.path.join(FLAGS.data_dir, "va*libsvm")))
@@ -118,9 +124,10 @@ def main():
     train_spec = tf.estimator.TrainSpec(
         input_fn=lambda: input_fn(tr_files, batch_size=FLAGS.batch_size, num_epochs=FLAGS.num_epochs, perform_shuffle=True),
         max_steps=FLAGS.max_steps)
+    exporter = tf.estimator.LatestExporter("deepfm", serving_input_receiver_fn, exports_to_keep=1)
     eval_spec = tf.estimator.EvalSpec(
         input_fn=lambda: input_fn(va_files, batch_size=FLAGS.batch_size, num_epochs=1),
-        steps=None, start_delay_secs=1, throttle_secs=5)
+        steps=None, start_delay_secs=1, throttle_secs=5, exporters=[exporter])
     tf_ecrec.train_and_evaluate(DeepFM, train_spec, eval_spec)
 
 

@@ -12,6 +12,7 @@ evaluator), each with its own TF_CONFIG, no ``tf-ecrec run``.
 from __future__ import annotations
 
 import difflib
+import glob
 import json
 import os
 import random
@@ -19,10 +20,12 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from harness import zygote
 from harness.cli_run import cli
 from harness.process_cluster import ProcessCluster
+from harness.serving import serve_without_tf_ecrec, sha256
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "tests", "adoption")
@@ -102,6 +105,7 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         evaluations = re.findall(r"Saving dict for global step (\d+): auc = ([0-9.]+)", job.log("evaluator:0"))
         assert evaluations and int(evaluations[-1][0]) >= 800, job.log("evaluator:0")[-3000:]
         assert float(evaluations[-1][1]) > 0.7, evaluations  # the protected model learned
+        _assert_the_exporter_serves_without_tf_ecrec(model_dir, int(evaluations[-1][0]))
         # No warning of ours on a clean run. TensorFlow's notices that tf.estimator itself is deprecated
         # come with every Estimator call, the user's stock script's included: not ours to remove.
         for task in ("chief:0", "worker:0", "ps:0", "evaluator:0"):
@@ -115,6 +119,27 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         assert {"ec/fm_w/ps0/data", "ec/fm_w/ps1/data", "ec/fm_v/ps0/data", "ec/fm_v/ps1/data"} <= names, sorted(names)
     finally:
         job.stop()
+
+
+def _assert_the_exporter_serves_without_tf_ecrec(model_dir, last_step):
+    """Issue 34 item 3: the script's own EvalSpec exporter, run by the evaluator on the protected model, wrote a
+    SavedModel of the last evaluated checkpoint that serves in a process that cannot import tf_ecrec (stock ops
+    only): its variables are that checkpoint's data chunks and dense weights bit for bit, no parity or slot."""
+    import tensorflow as tf
+
+    (export,) = glob.glob(os.path.join(model_dir, "export", "deepfm", "*", "saved_model.pb"))
+    export = os.path.dirname(export)
+    checkpoint = tf.train.load_checkpoint(os.path.join(model_dir, f"model.ckpt-{last_step}"))
+    exported = tf.train.load_checkpoint(os.path.join(export, "variables", "variables"))
+    names = set(exported.get_variable_to_shape_map())
+    assert {"ec/fm_w/ps0/data", "ec/fm_v/ps1/data"} <= names and not [n for n in names if "parity" in n or "replica" in n
+                                                                          or "Adam" in n or "Adagrad" in n], names
+    rng = np.random.default_rng(5)
+    inputs = {"feat_ids": rng.integers(0, FEATURES, [16, FIELDS]), "feat_vals": rng.random([16, FIELDS], np.float32)}
+    (got,) = serve_without_tf_ecrec([export], inputs, model_dir).values()
+    assert got["variables"] == {f"{n}:0": sha256(checkpoint.get_tensor(n)) for n in names}
+    probabilities = np.asarray(got["outputs"]["prob"])
+    assert probabilities.shape == (16,) and np.all((probabilities > 0) & (probabilities < 1)), probabilities
 
 
 def _cli_in(cwd, *args):

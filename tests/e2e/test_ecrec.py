@@ -4,8 +4,10 @@ import json
 import os
 import re
 
+import numpy as np
 from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
+from harness.serving import serve_without_tf_ecrec, sha256
 
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 
@@ -44,6 +46,44 @@ def _assert_every_trainer_back(report, trainers=("chief:0", "worker:0"), overlap
             where = (rec["task"], rec["killed_at_step"], task, cost)
             assert cost["records_after"] > 0 and cost["seconds_to_first_step"] is not None, where
             assert 1 <= cost["sessions"] <= 2, where
+
+
+def _assert_exported_model_serves(model_dir, report):
+    """Issue 34 item 3: the job saved its model at its end (no checkpoint interval: the chief's final save),
+    and that checkpoint is the live model the report digested (every variable but parity and replicas, bit for
+    bit); ``tf-ecrec export`` makes of it a SavedModel whose variables are the checkpoint's data chunks and dense
+    weights, bit for bit, with no parity, replica or optimizer slot; it serves in a process that cannot import
+    tf_ecrec (stock ops only) and predicts what the Estimator predicts from the checkpoint."""
+    import tensorflow as tf
+
+    from tf_ecrec.launcher.export import job_estimator
+    from tf_ecrec.live_cluster import read_manifest, variables_digest
+    from tf_ecrec.verify import redundancy_names
+
+    checkpoint = tf.train.latest_checkpoint(str(model_dir))
+    assert checkpoint is not None, os.listdir(model_dir)
+    saved = tf.train.load_checkpoint(checkpoint)
+    manifest = read_manifest(os.path.join(model_dir, "variables.json"))
+    live = [r["name"] for r in manifest["variables"] if r["name"] not in redundancy_names(manifest["ec"])]
+    assert variables_digest({n: saved.get_tensor(n) for n in live}) == report["variables_sha256"]
+    done = cli("export", "--model-dir", str(model_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    export_path = done.stdout.strip().splitlines()[-1]
+    exported = tf.train.load_checkpoint(os.path.join(export_path, "variables", "variables"))
+    names = set(exported.get_variable_to_shape_map())
+    data = {n for c in manifest["ec"]["collections"] for n in c["data"].values()}
+    assert data <= names and not [n for n in names if "parity" in n or "ec_replica" in n or "Adagrad" in n], names
+    rng = np.random.default_rng(3)
+    rows = report["config"]["table_rows"]
+    cat = np.zeros([32, 26], np.int64)
+    cat[:, :4] = rng.integers(0, rows, [32, 4])  # the 4 tables the job's model reads (harness.cli_run)
+    inputs = {"dense": rng.random([32, 13], dtype=np.float32), "cat": cat}
+    (got,) = serve_without_tf_ecrec([export_path], inputs, str(model_dir)).values()
+    assert got["variables"] == {f"{n}:0": sha256(exported.get_tensor(n)) for n in names}
+    assert {n: sha256(exported.get_tensor(n)) for n in names} == {n: sha256(saved.get_tensor(n)) for n in names}
+    want = next(job_estimator(str(model_dir)).predict(
+        lambda: tf.data.Dataset.from_tensors((inputs, None)), yield_single_examples=False))["probability"]
+    np.testing.assert_allclose(np.asarray(got["outputs"]["probability"], np.float32), want, rtol=1e-6, atol=1e-7)
 
 
 def test_more_lost_ps_than_the_code_covers_restore_from_the_flash_checkpoint_in_memory(tmp_path):
@@ -123,6 +163,7 @@ def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(
     assert seconds >= 4, silent  # killed for its silence, not before
     print(f"ps:2 killed {seconds:.1f} s after its last answer; training s lost per failure: "
           f"{[r['training_seconds_lost'] for r in report['recovery']]}")
+    _assert_exported_model_serves(tmp_path, report)  # the model trained through both moves, served
 
 
 def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_whole(tmp_path):

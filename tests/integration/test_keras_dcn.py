@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from harness import zygote
+from harness.serving import serve_without_tf_ecrec, sha256
 from tf_cluster import tf_cluster
 
 from tf_ecrec.config import ClusterConfig, tf_config_env
@@ -140,6 +141,35 @@ def test_protected_dcn_keeps_parity_and_replicas_exact_and_steps_once(cluster, t
     tables = list(meta["collections"][0]["data"].values())
     assert all(not np.array_equal(first[t], second[t]) for t in tables)
     assert not np.array_equal(first["dcn/logit/kernel"], second["dcn/logit/kernel"])
+
+
+def test_the_trained_model_exports_a_savedmodel_served_without_tf_ecrec(cluster, tmp_path):
+    """Issue 34 item 3, for a Keras model through model_to_estimator (its model_fn wrapped by make_estimator
+    already): `tf_ecrec.offline_estimator` reads the code and PS count from the model dir, exports the last
+    checkpoint, and the SavedModel serves in a process that cannot import tf_ecrec (stock ops only); its variables
+    are the live PS's data chunks and dense weights bit for bit, with no parity, replica or slot; it predicts what
+    the Estimator predicts from the checkpoint."""
+    import tf_ecrec
+    from tf_ecrec.launcher.export import serving_input_receiver_fn
+
+    params = dcn.default_params(**SMALL, ec="2+1")
+    estimator = dcn.make_estimator(_run_config(cluster, tmp_path), params)
+    live, manifest, _ = _train(cluster, estimator, params, 10, tmp_path)
+    offline = tf_ecrec.offline_estimator(estimator)
+    path = offline.export_saved_model(str(tmp_path / "export"), serving_input_receiver_fn).decode()
+    rng = np.random.default_rng(7)
+    cat = np.zeros([16, 26], np.int64)
+    cat[:, :6] = rng.integers(0, 300, [16, 6])
+    inputs = {"dense": rng.random([16, 13], dtype=np.float32), "cat": cat}
+    (got,) = serve_without_tf_ecrec([path], inputs, str(tmp_path)).values()
+    names = {n.removesuffix(":0") for n in got["variables"]}
+    data = set(manifest["ec"]["collections"][0]["data"].values())
+    assert data <= names and names <= set(live) - redundancy_names(manifest["ec"]), sorted(names)
+    assert not [n for n in names if "Adagrad" in n], sorted(names)
+    assert got["variables"] == {f"{n}:0": sha256(live[n]) for n in names}
+    want = next(offline.predict(lambda: tf.data.Dataset.from_tensors((inputs, None)), yield_single_examples=False))
+    (key,) = got["outputs"]
+    np.testing.assert_allclose(np.asarray(got["outputs"][key], np.float32), want[key], rtol=1e-6, atol=1e-7)
 
 
 def test_a_compiled_model_converted_once_trains_through_an_ec_optimizer_in_every_graph(cluster, tmp_path):

@@ -10,10 +10,8 @@ before the failure (read when no step was in flight), compared bit for bit.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from harness.pss_cluster import exit_with, fit_started
+from harness.serving import serve_without_tf_ecrec, sha256
 
 TOTAL_TIMEOUT = 420
 
@@ -350,55 +349,21 @@ def backup_and_restore_case() -> None:
     exit_with(case)
 
 
-# A process that serves a SavedModel with TensorFlow alone: importing tf_ecrec fails in it, and so would
-# loading a graph with one of its ops (their library is never loaded).
-SERVE_WITHOUT_TF_ECREC = """
-import hashlib, json, sys
-import numpy as np
-
-class NoTfEcrec:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "tf_ecrec":
-            raise ImportError(f"{name}: this process serves without tf_ecrec")
-        return None
-
-sys.meta_path.insert(0, NoTfEcrec())
-import tensorflow as tf
-
-ids = np.load(sys.argv[1])
-out = {}
-for path in sys.argv[2:]:
-    loaded = tf.saved_model.load(path)
-    serve = loaded.signatures["serving_default"]
-    (name, spec), = serve.structured_input_signature[1].items()
-    (value,) = serve(**{name: tf.constant(ids, spec.dtype)}).values()
-    weights = sorted(hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in loaded.trainable_variables)
-    out[path] = {"predictions": value.numpy().tolist(), "weights": weights}
-assert not [m for m in sys.modules if m.split(".")[0] == "tf_ecrec"]
-print(json.dumps(out))
-"""
-
-
 def _assert_served_without_tf_ecrec(tf: Any, model: Any, directory: str) -> None:
     """The trained model exported two ways (Keras' ``model.save``, ``tf.saved_model.save``) serves in a process
     without tf_ecrec: its weights are the trained ones bit for bit, and it predicts what the model predicts
     here (to float rounding: the served graph may fuse the dense layer's ops, which the eager call does not)."""
     ids = np.stack([np.arange(64) % 300, (np.arange(64) * 7) % 77], 1).astype(np.int64)
     want = model(tf.constant(ids)).numpy()
-    keras_path, tf_path, ids_path = (os.path.join(directory, n) for n in ("keras_saved", "tf_saved", "ids.npy"))
+    keras_path, tf_path = (os.path.join(directory, n) for n in ("keras_saved", "tf_saved"))
     model.save(keras_path)
     tf.saved_model.save(model, tf_path)
-    np.save(ids_path, ids)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-c", SERVE_WITHOUT_TF_ECREC, ids_path, keras_path, tf_path],
-                          capture_output=True, text=True, timeout=180, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    served = json.loads(done.stdout.strip().splitlines()[-1])
-    weights = sorted(hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in model.trainable_variables)
-    assert served.keys() == {keras_path, tf_path}
+    served = serve_without_tf_ecrec([keras_path, tf_path], {"ids": ids}, directory)
+    weights = sorted(sha256(v.numpy()) for v in model.trainable_variables)
     for how, got in served.items():
-        assert got["weights"] == weights, how
-        np.testing.assert_allclose(np.asarray(got["predictions"], np.float32), want, rtol=1e-6, atol=1e-7, err_msg=how)
+        assert got["trainable"] == weights, how
+        (predictions,) = got["outputs"].values()
+        np.testing.assert_allclose(np.asarray(predictions, np.float32), want, rtol=1e-6, atol=1e-7, err_msg=how)
 
 
 def worker_killed_during_fit_case() -> None:

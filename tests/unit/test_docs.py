@@ -195,7 +195,7 @@ python -m tf_ecrec.cli master --port 0 --zk H:P/job && tf-ecrec frobnicate
     assert errors == [
         "tf-ecrec run has no flag --no-such-flag",
         "tf-ecrec run has no flag --retries",
-        "no subcommand 'frobnicate' (tf-ecrec has ['gen-criteo', 'master', 'run', 'verify'])",
+        "no subcommand 'frobnicate' (tf-ecrec has ['export', 'gen-criteo', 'master', 'run', 'verify'])",
         "tf-ecrec run --fault-tolerance takes ['checkpoint', 'ecrec', 'flash', 'none'], not ['raid5']",
     ]
     assert links("[a](x.md#b) `[c](not-a-link.md)`\n```\n[d](e.md)\n```\n") == ["x.md#b"]

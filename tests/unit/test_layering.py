@@ -82,6 +82,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.launcher.k8s": 5,  # the pod entry of deploy/ (docs/kubernetes.md)
     "tf_ecrec.cli": 5,
     "tf_ecrec.estimator_job": 5,
+    "tf_ecrec.offline": 5,
     "tf_ecrec.examples": 5,
 }
 

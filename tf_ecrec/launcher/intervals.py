@@ -55,6 +55,20 @@ def checkpoint_interval(job: Any) -> dict[str, Any]:
     return {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
 
 
+def final_checkpoint_hooks(job: Any) -> list[Any]:
+    """The chief's hook that saves the trained model at the end when no interval saves it on the way.
+
+    A job with no checkpoint interval (``none``, ``ecrec`` without one) would otherwise end with its model
+    only in the PS tasks' memory; flash jobs persist their own snapshots.
+    """
+    interval = checkpoint_interval(job)
+    if job.fault_tolerance is FaultTolerance.FLASH or interval["save_checkpoints_steps"] or interval["save_checkpoints_secs"]:
+        return []
+    from tf_ecrec.hooks.final_checkpoint import FinalCheckpointHook
+
+    return [FinalCheckpointHook(job.model_dir)]
+
+
 DEFAULT_FLASH_STEPS = 100
 """``--fault-tolerance flash`` without an interval snapshots every this many global steps."""
 

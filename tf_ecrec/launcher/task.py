@@ -14,11 +14,10 @@ TensorFlow server, and then:
   `tf.estimator.Estimator` (`estimator.train`), reporting progress to the
   launcher's status channel when ``TF_ECREC_STATUS_ADDRESS`` is set.
 
-The chief also writes the variable manifest (``<model_dir>/variables.json``)
-that lets the launcher read every variable back from the PS tasks, and, under
-ecrec, ``<model_dir>/recovery.jsonl`` (one line per recovery, as
-`tf_ecrec.estimator_job.RecoveryLog` writes it), the report a job started by
-another launcher (``deploy/``, `tf_ecrec.launcher.k8s`) has.
+The chief also writes the variable manifest (``<model_dir>/variables.json``) that lets the launcher
+read every variable back from the PS tasks, a checkpoint at the end when no interval saved one, and,
+under ecrec, ``<model_dir>/recovery.jsonl`` (one line per recovery, as `tf_ecrec.estimator_job.RecoveryLog`
+writes it), the report a job started by another launcher (``deploy/``, `tf_ecrec.launcher.k8s`) has.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterC
 from tf_ecrec.config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
 from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
+from tf_ecrec.launcher.intervals import final_checkpoint_hooks
 from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.models import data_sizes, load_model, model_params
@@ -230,7 +230,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         )
     ]
     if cluster.is_chief:
-        hooks.append(VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)))
+        hooks += [VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)), *final_checkpoint_hooks(job)]
     hooks += master.hooks() if master is not None else []
     hooks += extra_hooks
 

@@ -1,0 +1,38 @@
+"""A hook that saves one checkpoint when training ends, for a job that saves none on the way.
+
+A job protected by parity alone (``tf-ecrec run --fault-tolerance ecrec`` with no checkpoint
+interval) never writes a checkpoint while it trains, and stock Estimator with no interval writes
+none at the end either: the trained model would live only in the PS tasks' memory and end with
+them. This hook, on the chief, saves every global variable (``<model_dir>/model.ckpt-<step>``,
+sharded per device as Estimator's own saver) in ``end``, which MonitoredSession calls only when
+training ended normally, after the chief's own hooks (the settlement at the end among them).
+`tf_ecrec.offline_estimator` (and `tf-ecrec export`) read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import tensorflow as tf
+
+_LOG = logging.getLogger(__name__)
+
+
+class FinalCheckpointHook(tf.compat.v1.train.SessionRunHook):
+    """Saves the model to `model_dir` when the session ends normally; a saver is built in ``begin``."""
+
+    def __init__(self, model_dir: str) -> None:
+        self._prefix = os.path.join(model_dir, "model.ckpt")
+        self._saver: Any = None
+        self._step: Any = None
+
+    def begin(self) -> None:
+        self._step = tf.compat.v1.train.get_global_step()
+        self._saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
+
+    def end(self, session: Any) -> None:
+        step = int(session.run(self._step))
+        path = self._saver.save(session, self._prefix, global_step=step, write_meta_graph=False)
+        _LOG.info("the trained model at step %d saved to %s", step, path)
