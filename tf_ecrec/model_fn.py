@@ -38,7 +38,7 @@ from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
-from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook, scaffold_for
+from tf_ecrec.recovery.scaffold import InitialiserHook, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
 from tf_ecrec.recovery.task_wait import TASK_WAIT_SECS, TaskWaitHook, run_config_targets
 from tf_ecrec.step_program import MAX_GENERATION
 
@@ -117,7 +117,7 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
                                 slice_bytes=rebuild_slice_bytes, rebuild_share=rebuild_share,
                                 ready_wait_secs=min(READY_WAIT_SECS, 0.4 * timeout_ms / 1000) if timeout_ms > 0 else READY_WAIT_SECS,
                                 chief=bool(config.is_chief))
-            chief_hooks = list(spec.training_chief_hooks) + [StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
+            chief_hooks = [*spec.training_chief_hooks, InitialiserHook(plan), StaleStepSettlerHook(plan), SettleAtEndHook(plan)]
             # The carried commit first: later hooks' fetches then run in a step that carries it.
             hooks = [CarriedCommitHook(), *spec.training_hooks, SessionGenerationHook(context.steps, optimizer.logs)]
             if not config.is_chief and config.cluster_spec:  # a dead chief or PS must not hold it in CreateSession

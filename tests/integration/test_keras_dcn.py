@@ -143,18 +143,21 @@ def test_protected_dcn_keeps_parity_and_replicas_exact_and_steps_once(cluster, t
     assert not np.array_equal(first["dcn/logit/kernel"], second["dcn/logit/kernel"])
 
 
-def test_the_trained_model_exports_a_savedmodel_served_without_tf_ecrec(cluster, tmp_path):
+def test_the_trained_model_exports_a_savedmodel_served_without_tf_ecrec_and_warm_starts_a_new_job(cluster, tmp_path):
     """Issue 34 item 3, for a Keras model through model_to_estimator (its model_fn wrapped by make_estimator
     already): `tf_ecrec.offline_estimator` reads the code and PS count from the model dir, exports the last
     checkpoint, and the SavedModel serves in a process that cannot import tf_ecrec (stock ops only); its variables
     are the live PS's data chunks and dense weights bit for bit, with no parity, replica or slot; it predicts what
-    the Estimator predicts from the checkpoint."""
+    the Estimator predicts from the checkpoint.  Then ``warm_start_from`` that model dir (same code and PS count)
+    gives a new job's tables and dense weights the checkpoint's values, and their parity and replicas are
+    encoded from those values (steps at learning rate 0 leave the weights as they started; parity is checked)."""
     import tf_ecrec
     from tf_ecrec.launcher.export import serving_input_receiver_fn
 
     params = dcn.default_params(**SMALL, ec="2+1")
-    estimator = dcn.make_estimator(_run_config(cluster, tmp_path), params)
-    live, manifest, _ = _train(cluster, estimator, params, 10, tmp_path)
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    estimator = dcn.make_estimator(_run_config(cluster, first_dir), params)
+    live, manifest, _ = _train(cluster, estimator, params, 10, first_dir)
     offline = tf_ecrec.offline_estimator(estimator)
     path = offline.export_saved_model(str(tmp_path / "export"), serving_input_receiver_fn).decode()
     rng = np.random.default_rng(7)
@@ -170,6 +173,19 @@ def test_the_trained_model_exports_a_savedmodel_served_without_tf_ecrec(cluster,
     want = next(offline.predict(lambda: tf.data.Dataset.from_tensors((inputs, None)), yield_single_examples=False))
     (key,) = got["outputs"]
     np.testing.assert_allclose(np.asarray(got["outputs"][key], np.float32), want[key], rtol=1e-6, atol=1e-7)
+
+    cluster.reset()  # a new job: new PS tasks, nothing on them
+    still = {**params, "optimizer": "sgd", "learning_rate": 0.0}
+    warm = tf.estimator.Estimator(ec_model_fn(dcn.model_fn, ECConfig(2, 1)), params=still,
+                                  config=_run_config(cluster, second_dir), warm_start_from=str(first_dir))
+    started, manifest, runs = _train(cluster, warm, still, 2, second_dir)
+    assert runs.runs == 2
+    weights = [n for n in names if n != "global_step"]
+    assert len(weights) > 10
+    for name in weights:
+        np.testing.assert_array_equal(started[name], live[name], err_msg=name)
+    result = check_parity(manifest["ec"], started)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
 
 
 def test_a_compiled_model_converted_once_trains_through_an_ec_optimizer_in_every_graph(cluster, tmp_path):

@@ -7,9 +7,7 @@ Scaffold's saver ``restore()`` when a checkpoint exists and otherwise its ``init
 ``init_fn`` all lead here, to `RecoveryPlan.prepare`, which inspects what is initialised on the PS
 tasks, asks `tf_ecrec.recovery.decision.decide` what to do (its docstring has the table) and does it.
 
-Initialisation, rebuild, restore and checkpoint saves have `LONG_OP_TIMEOUT_MS` as deadline.
-
-By default (``background=True``) the table rows of lost PS are rebuilt while training goes on: once
+Initialisation, rebuild, restore and checkpoint saves have `LONG_OP_TIMEOUT_MS` as deadline. By default (``background=True``) the table rows of lost PS are rebuilt while training goes on: once
 settled, the lost variables allocated, their dense variables copied, their table rows marked pending
 and every survivor preserving the rows they decode from, the whole markers are written and trainers
 resume; a lookup of a pending row waits for it and the rebuild installs asked-for rows first
@@ -82,23 +80,19 @@ class RecoveryPlan:
     Args:
       optimizer: the graph's ECOptimizer (after `minimize`).
       listener: called with every `RecoveryResult` (e.g. to report it).
-      model_dir: where the job persists (the marker that it started lives
-        there); without it a partly initialised cluster is taken for lost PS.
-      slice_bytes: rows of a chunk the rebuild moves per session call
-        (`tf_ecrec.rebuild`), in bytes.
-      background: rebuild lost table rows while training goes on (lookups
-        of rows not yet there wait for them, and the rebuild installs those
-        first); False rebuilds everything before any trainer steps.  The
-        harness drives a background rebuild itself through `job`.
-      ready_wait_secs: how long one ready check of a worker waits on the PS
-        for the state to be whole (keep it under the session's operation
-        timeout, which cuts any call).
+      model_dir: where the job persists (the marker that it started lives there); without it a partly
+        initialised cluster is taken for lost PS.
+      slice_bytes: rows of a chunk the rebuild moves per session call (`tf_ecrec.rebuild`), in bytes.
+      background: rebuild lost table rows while training goes on (lookups of rows not yet there wait for
+        them, and the rebuild installs those first); False rebuilds everything before any trainer steps.
+        The harness drives a background rebuild itself through `job`.
+      ready_wait_secs: how long one ready check of a worker waits on the PS for the state to be whole
+        (keep it under the session's operation timeout, which cuts any call).
       chief: False on a task that never recovers (a worker): the rebuild and settlement ops (a second
         of its start) are not built, and ``rebuilder`` / ``reconciler`` raise if used.
-      rebuild_share: the fraction of the time a background rebuild walks
-        its slices, in (0, 1]: below 1 the walk pauses after each slice
-        for as long as the slice took, scaled, leaving the PS tasks' CPU to
-        training (`BackgroundRebuild.start`).
+      rebuild_share: the fraction of the time a background rebuild walks its slices, in (0, 1]: below 1
+        the walk pauses after each slice for as long as the slice took, scaled, leaving the PS tasks' CPU
+        to training (`BackgroundRebuild.start`).
     """
 
     def __init__(self, optimizer: ECOptimizer, listener: Listener | None = None, model_dir: str | None = None,
@@ -129,7 +123,6 @@ class RecoveryPlan:
             self._initialized = tf.stack([v.is_initialized() for v in self.variables])
             step = tf.compat.v1.train.get_global_step()
             self._step = step.read_value() if step is not None else None
-            self._init_batches = initialiser_batches(optimizer.redundancy_names(), model_variables)
             self._init_whole = {p: v.initializer for p, v in self.whole_markers.items()}
         self._by_name = {v.op.name: v for v in self.variables}
         self._marker_names = {v.op.name for v in self.whole_markers.values()}
@@ -142,6 +135,13 @@ class RecoveryPlan:
             self.rebuilder, self.reconciler = cast(Rebuilder, _ChiefOnly("rebuilder")), cast(Reconciler, _ChiefOnly("reconciler"))
         self.protected_names = protected_names(optimizer, self._colls)
         self.flash: Any = None  # tf_ecrec.flash.FlashSnapshots (ec_model_fn): restores prefer its newer snapshots
+        self.build_initialisers()
+
+    def build_initialisers(self) -> None:
+        """The fresh start's initialisers from the variables' initializers as they are now; built again by the
+        chief's `InitialiserHook` (Estimator's warm start replaces initializers after the model_fn returns)."""
+        with self._graph.as_default(), tf.name_scope("ec_recovery"):
+            self._init_batches = initialiser_batches(self._opt.redundancy_names(), self._model_variables)
 
     def _initialise(self, sess: tf.compat.v1.Session) -> None:
         """A fresh start: data, slots, dense primaries and other variables initialised in bounded batches,

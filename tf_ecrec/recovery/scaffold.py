@@ -248,3 +248,20 @@ class SettleAtEndHook(tf.compat.v1.train.SessionRunHook):
             self._plan.settle_left_behind(session)
         except tf.errors.OpError as exc:  # a PS is gone at the very end: the next recovery settles it
             _LOG.warning("could not settle pending steps at the end of training: %s", exc.message.splitlines()[0])
+
+
+class InitialiserHook(tf.compat.v1.train.SessionRunHook):
+    """On the chief: the fresh start's initialisers built again in ``begin``, once the Estimator has warm-started.
+
+    ``Estimator(warm_start_from=...)`` replaces the initializers of the variables it warm-starts after the
+    model_fn returns (`RecoveryPlan` is built inside it), so a fresh start that ran the initializers it saw
+    then would ignore the warm start and train from scratch, silently. Hooks begin after the warm start
+    and before the graph is finalized; parity and replicas are encoded from the initialised data, so
+    they follow the warm-started values.
+    """
+
+    def __init__(self, plan: RecoveryPlan) -> None:
+        self._plan = plan
+
+    def begin(self) -> None:
+        self._plan.build_initialisers()
