@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -21,10 +22,15 @@ _LOG = logging.getLogger(__name__)
 
 
 class FinalCheckpointHook(tf.compat.v1.train.SessionRunHook):
-    """Saves the model to `model_dir` when the session ends normally; a saver is built in ``begin``."""
+    """Saves the model to `model_dir` when the session ends normally and `final()` says training is over.
 
-    def __init__(self, model_dir: str) -> None:
+    A session also ends normally when a hook stops it to follow a moved PS (`tf_ecrec.failover.FailoverLoop`
+    rebuilds the Estimator and trains on): `final` tells the two apart (default: every end is final).
+    """
+
+    def __init__(self, model_dir: str, final: Callable[[], bool] = lambda: True) -> None:
         self._prefix = os.path.join(model_dir, "model.ckpt")
+        self._final = final
         self._saver: Any = None
         self._step: Any = None
 
@@ -33,6 +39,8 @@ class FinalCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self._saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
 
     def end(self, session: Any) -> None:
+        if not self._final():
+            return
         step = int(session.run(self._step))
         path = self._saver.save(session, self._prefix, global_step=step, write_meta_graph=False)
         _LOG.info("the trained model at step %d saved to %s", step, path)

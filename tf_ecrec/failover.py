@@ -188,6 +188,11 @@ class FailoverLoop:
             self._on_transition(state, reason)
         return state
 
+    @property
+    def moving(self) -> bool:
+        """Whether the Estimator training now is stopping to follow a moved PS (its hooks' ``end`` is not the end)."""
+        return self._migration is not None and self._migration.migration is not None
+
     def train(self, input_fn: Callable[[], Any], *, max_steps: int | None = None, hooks: Sequence[Any] = (),
               saving_listeners: Sequence[Any] | None = None) -> None:
         """Estimator.train under the loop; returns when training ends normally.

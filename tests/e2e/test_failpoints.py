@@ -85,3 +85,9 @@ def test_two_ps_moved_to_new_ports_one_after_the_other_leave_the_same_bytes_as_n
     assert_rebuilt_by_parity_to_the_same_bytes(report, result.stderr, reference, (0, 3), str(model_dir), moved=True)
     parity = report["parity"]
     assert parity["stripes_checked"] == 4 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity
+    # No checkpoint interval: the chief saved its model once, at the end of training, through both moves
+    # (tf_ecrec.hooks.final_checkpoint; a session stopped to follow a move is not the end: its unit test).
+    import tensorflow as tf
+
+    state = tf.train.get_checkpoint_state(str(model_dir))
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [f"model.ckpt-{report['global_step']}"]

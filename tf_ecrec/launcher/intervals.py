@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tf_ecrec.errors import ConfigError
@@ -55,18 +56,19 @@ def checkpoint_interval(job: Any) -> dict[str, Any]:
     return {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
 
 
-def final_checkpoint_hooks(job: Any) -> list[Any]:
+def final_checkpoint_hooks(job: Any, final: Callable[[], bool]) -> list[Any]:
     """The chief's hook that saves the trained model at the end when no interval saves it on the way.
 
     A job with no checkpoint interval (``none``, ``ecrec`` without one) would otherwise end with its model
-    only in the PS tasks' memory; flash jobs persist their own snapshots.
+    only in the PS tasks' memory; flash jobs persist their own snapshots. `final` says whether a session's
+    end is training's (not a stop to follow a moved PS).
     """
     interval = checkpoint_interval(job)
     if job.fault_tolerance is FaultTolerance.FLASH or interval["save_checkpoints_steps"] or interval["save_checkpoints_secs"]:
         return []
     from tf_ecrec.hooks.final_checkpoint import FinalCheckpointHook
 
-    return [FinalCheckpointHook(job.model_dir)]
+    return [FinalCheckpointHook(job.model_dir, final)]
 
 
 DEFAULT_FLASH_STEPS = 100

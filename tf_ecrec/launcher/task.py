@@ -230,7 +230,8 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         )
     ]
     if cluster.is_chief:
-        hooks += [VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)), *final_checkpoint_hooks(job)]
+        hooks += [VariableManifestHook(manifest_file(job.model_dir), ps=list(cluster.ps_addresses)),
+                  *final_checkpoint_hooks(job, lambda: not getattr(runner, "moving", False))]  # runner: below
     hooks += master.hooks() if master is not None else []
     hooks += extra_hooks
 
@@ -329,8 +330,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
 
 
 def serve_persisting(job: JobSpec, ps: int, server: Any) -> None:
-    """A PS of a job with flash checkpoints: serves until SIGTERM, then persists its newest snapshot
-    in shared memory to the model dir (`tf_ecrec.flash.persist`) and exits."""
+    """A PS of a job with flash checkpoints: serves until SIGTERM, then persists its newest snapshot (`tf_ecrec.flash.persist`)."""
     import signal
 
     from tf_ecrec.flash.persist import persist_newest
