@@ -81,6 +81,10 @@ def session_cluster(cluster: ClusterConfig) -> dict[str, dict[int, str]]:
     return {"ps": dict(enumerate(cluster.ps_addresses)), cluster.task_type: {cluster.task_index: cluster.address}}
 
 
+ENV_GRAPPLER = "TF_ECREC_GRAPPLER"
+"""``on``: the sessions `propagated_config` makes keep TensorFlow's graph optimiser (Grappler), off by default."""
+
+
 def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any = None) -> Any:
     """A ConfigProto carrying `cluster` (ClusterSpec propagation), with shared state and an operation timeout.
 
@@ -89,7 +93,9 @@ def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any
         one of them is the address of the server the session is opened on.
       timeout_secs: the operation timeout: the longest a session call
         (creating a session, one step, a checkpoint save) may take.
-      base: a ConfigProto to start from (copied).
+      base: a ConfigProto to start from (copied), its graph options kept; without one, Grappler is off
+        (unless ``TF_ECREC_GRAPPLER=on``): its work on each first call of a session is most of a
+        recovery's calls and of the first step after it, and saved nothing per step on these graphs.
     """
     import tensorflow as tf
 
@@ -109,6 +115,11 @@ def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any
     # The propagated cluster is what the session may reach; a base's filters (the Estimator's
     # default names other workers) would only narrow it.
     config.device_filters[:] = []
+    if base is None and os.environ.get(ENV_GRAPPLER) != "on":
+        # Grappler optimises every new call signature of a session; a recovery is a dozen first calls on a new
+        # session, and each trainer's first step after it one more: measured with a spare PS, 0.4-0.5 s less
+        # from the kill to the first step without it, and no step slower (docs/benchmarks.md, 2026-11-30).
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
     return config
 
 
