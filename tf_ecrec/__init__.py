@@ -12,6 +12,7 @@ TensorFlow)::
     tf_ecrec.train_and_evaluate(estimator, train_spec, eval_spec, ec=...)
     tf_ecrec.train(estimator, input_fn, ec=...) a user's Estimator protected, under any TF_CONFIG launcher
     tf_ecrec.offline_estimator(estimator)       the trained model outside the cluster: predict, export_saved_model
+    tf_ecrec.feature_column.embedding_column(categorical_column, dim)   a protected table for canned estimators
 
 Importing ``tf_ecrec`` in a process that has imported TensorFlow loads the
 compiled op library (checked against the installed TensorFlow): a parameter

@@ -173,7 +173,9 @@ class EmbeddingCollection:
         }
         init = initializer or tf.compat.v1.random_uniform_initializer(-0.05, 0.05)
         self.data: dict[int, tf.Variable] = {}
-        with tf.compat.v1.variable_scope("ec"), tf.compat.v1.variable_scope(name):
+        with tf.compat.v1.variable_scope("ec") as scope, tf.compat.v1.variable_scope(name) as inner:
+            for s in (scope, inner):  # an enclosing scope's partitioner (a canned estimator's input layer) would split them
+                s.set_partitioner(None)
             for p, local_chunks in self.data_chunks_on.items():
                 if not local_chunks:
                     continue

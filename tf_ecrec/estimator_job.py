@@ -276,19 +276,18 @@ def train(estimator: Any, input_fn: Callable[[], Any], *, max_steps: int | None 
 
 
 def _check_estimator(estimator: Any) -> None:
-    """A `tf.estimator.Estimator` of the user's own model_fn; a canned one, or a v1 class, named at start."""
+    """An Estimator (TF2 or ``tf.compat.v1``, canned v1 classes included); a TF2 canned class named at start."""
     kind = type(estimator)
     name = f"{kind.__module__}.{kind.__name__}"
-    if ".canned." in kind.__module__:  # DNNClassifier, DNNLinearCombinedClassifier, LinearClassifier, ... (v1 or v2)
+    if ".canned." in kind.__module__ and kind.__name__.endswith("V2"):  # tf.estimator.DNNClassifier, ... (TF2 classes)
         raise ConfigError(
-            f"estimator is a canned {kind.__name__} ({name}); rule: tf_ecrec protects a tf.estimator.Estimator whose "
-            "model_fn trains through one tf_ecrec.ECOptimizer and keeps its tables in tf_ecrec.EmbeddingCollection; a "
-            "canned estimator builds its own optimizers and feature-column variables, which are not protected yet: "
-            "write its model as a model_fn (docs/adoption.md); source: tf_ecrec.train")
-    if not isinstance(estimator, tf.estimator.Estimator):
-        v1 = isinstance(estimator, tf.compat.v1.estimator.Estimator)
-        raise ConfigError(f"estimator={estimator!r} ({name}); rule: a tf.estimator.Estimator"
-                          + (" (the TF2 class, not tf.compat.v1.estimator's)" if v1 else "") + "; source: tf_ecrec.train")
+            f"estimator is a canned {kind.__name__} ({name}), TensorFlow 2's class; rule: its optimizer must be a Keras "
+            "optimizer, which tf_ecrec.ECOptimizer does not wrap: use the tf.compat.v1.estimator class of the same name "
+            "with optimizer=tf_ecrec.ECOptimizer(a tf.compat.v1.train optimizer) and tf_ecrec.feature_column."
+            "embedding_column for its embedding columns (docs/adoption.md); source: tf_ecrec.train")
+    if not isinstance(estimator, (tf.estimator.Estimator, tf.compat.v1.estimator.Estimator)):
+        raise ConfigError(f"estimator={estimator!r} ({name}); rule: a tf.estimator.Estimator or tf.compat.v1.estimator."
+                          "Estimator; source: tf_ecrec.train")
 
 
 def train_and_evaluate(estimator: Any, train_spec: Any, eval_spec: Any, *, ec: ECConfig | None = None,

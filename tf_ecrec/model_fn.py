@@ -26,7 +26,7 @@ import tensorflow as tf
 from tf_ecrec import optimizer
 from tf_ecrec.carried_commit import CarriedCommitHook, commit_mode_from_environ
 from tf_ecrec.config import ClusterConfig
-from tf_ecrec.device import layout_placement, local_storage
+from tf_ecrec.device import layout_placement, local_storage, variable_name
 from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import ECContext, collections, set_context
 from tf_ecrec.errors import ConfigError
@@ -181,4 +181,15 @@ def _check_protected() -> ECOptimizer:
                 f"embedding collection {coll.name!r} is not updated by a tf_ecrec.ECOptimizer: its parity would "
                 "go stale; wrap the optimizer: tf_ecrec.ECOptimizer(your_optimizer); source: the model_fn"
             )
-    return protectors[-1]
+    # A trainable variable another optimizer updates has neither parity nor replicas: its PS's loss would fall back
+    # to the checkpoint at the first failure (a canned wide-and-deep's linear part under its stock FTRL).
+    opt = protectors[-1]
+    covered = set(opt.protected) | {variable_name(v) for c in collections() for v in c.data.values()}
+    loose = sorted(n for n in (variable_name(v) for v in tf.compat.v1.trainable_variables()) if n not in covered)
+    if loose:
+        raise ConfigError(
+            f"trainable variables {loose[:8]}{' ...' if len(loose) > 8 else ''} ({len(loose)}) are not updated by the "
+            "tf_ecrec.ECOptimizer, so nothing protects them; rule: one ECOptimizer updates every trainable variable "
+            "(a canned DNNLinearCombined estimator trains its linear part with a second optimizer: not supported yet); "
+            "source: the model_fn")
+    return opt

@@ -51,6 +51,7 @@ LAYERS: dict[str, float] = {
     # 2 protection: tables, the protected step, settlement, recovery, checks of a live cluster.
     "tf_ecrec.embedding": 2,
     "tf_ecrec.embedding_table": 2,
+    "tf_ecrec.feature_column": 2,
     "tf_ecrec.update_rule": 2,
     "tf_ecrec.protection": 2,
     "tf_ecrec.step_program": 2,

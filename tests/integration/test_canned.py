@@ -1,0 +1,98 @@
+"""Canned estimators with protected feature columns (issue 34): a ``tf.compat.v1.estimator`` canned estimator
+whose embedding columns are `tf_ecrec.feature_column.embedding_column` and whose optimizer is an ECOptimizer,
+trained on an in-process PS cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_cluster import tf_cluster
+
+import tf_ecrec
+import tf_ecrec.feature_column
+from tf_ecrec.config import tf_config_env
+from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.errors import ConfigError
+from tf_ecrec.hooks.manifest import VariableManifestHook
+from tf_ecrec.live_cluster import read_manifest, read_variables
+from tf_ecrec.model_fn import ec_model_fn
+from tf_ecrec.verify import check_parity
+
+ps_cluster = tf_cluster(num_ps=3)
+USERS, ITEMS, BATCH = 500, 97, 32
+
+
+@pytest.fixture
+def cluster(ps_cluster):
+    ps_cluster.reset()
+    return ps_cluster
+
+
+def _columns():
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
+    return [tf_ecrec.feature_column.embedding_column(user, 8), tf_ecrec.feature_column.embedding_column(item, 4, "sum"),
+            tf.feature_column.numeric_column("age")]
+
+
+def _input_fn():
+    rng = np.random.default_rng(0)
+    n = 40 * BATCH
+    features = {"user": np.array([f"u{i}" for i in rng.integers(0, 2000, n)]),
+                "item": rng.integers(0, ITEMS, n).astype(np.int64), "age": rng.random(n).astype(np.float32)}
+    labels = (features["item"] % 2).astype(np.float32)
+    return lambda: tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH)
+
+
+def _run_config(cluster, model_dir):
+    with tf_config_env(cluster.config("chief")):
+        return tf.estimator.RunConfig(model_dir=str(model_dir), tf_random_seed=3, log_step_count_steps=10**6)
+
+
+def test_a_canned_dnn_classifier_trains_its_embedding_columns_striped_with_parity_exact(cluster, tmp_path):
+    """DNNClassifier (the v1 class, Adagrad wrapped in an ECOptimizer) over a hashed and an identity column: each
+    column's table is a collection striped over the 3 PS with parity (no TensorFlow ``embedding_weights``
+    variable anywhere), the dense layers are replicated, parity and replicas are exact after training, and the
+    tables moved."""
+    canned = tf.compat.v1.estimator.DNNClassifier(
+        [16, 8], _columns(), optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)),
+        config=_run_config(cluster, tmp_path))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "variables.json")
+    estimator.train(_input_fn(), max_steps=20, hooks=[VariableManifestHook(path)])
+    manifest = read_manifest(path)
+    meta = manifest["ec"]
+    names = [r["name"] for r in manifest["variables"]]
+    assert not [n for n in names if "embedding_weights" in n], names
+    tables = {c["name"]: c for c in meta["collections"]}
+    assert sorted(tables) == ["item_embedding", "user_embedding"] and all(len(c["data"]) == 3 for c in tables.values())
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    assert live["global_step"] == 20
+    result = check_parity(meta, live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    assert result["stripes_checked"] == 6 and result["replicas_checked"] > 0
+    assert any(np.abs(live[v]).sum() > 0 for c in tables.values() for v in c["data"].values())
+
+
+def test_an_embedding_column_with_what_a_protected_table_cannot_do_is_refused():
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    with pytest.raises(ConfigError, match="combiner='max'"):
+        tf_ecrec.feature_column.embedding_column(user, 8, combiner="max")
+    with pytest.raises(ConfigError, match="rule: a categorical column"):
+        tf_ecrec.feature_column.embedding_column(tf.feature_column.numeric_column("age"), 8)
+
+
+def test_a_wide_and_deep_with_its_linear_part_under_a_second_optimizer_is_refused_when_its_graph_is_built(
+        cluster, tmp_path):
+    """DNNLinearCombinedClassifier (v1): the DNN part's optimizer wrapped, the linear part under its stock FTRL.
+    The linear weights would have neither parity nor replicas, and the first failure of their PS would fall back
+    to the checkpoint: refused before any step, naming them (issue 34: never a silent fallback)."""
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    canned = tf.compat.v1.estimator.DNNLinearCombinedClassifier(
+        linear_feature_columns=[user], dnn_feature_columns=[tf_ecrec.feature_column.embedding_column(user, 8)],
+        dnn_hidden_units=[8], dnn_optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)),
+        config=_run_config(cluster, tmp_path))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    with pytest.raises(ConfigError, match=r"trainable variables \['linear/linear_model/.*are not updated by the tf_ecrec"):
+        estimator.train(_input_fn(), max_steps=2)

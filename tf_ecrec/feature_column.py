@@ -1,0 +1,98 @@
+"""Feature columns whose embedding tables are erasure-coded: ``tf_ecrec.feature_column.embedding_column``.
+
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", 100_000)
+    columns = [tf_ecrec.feature_column.embedding_column(user, 16)]        # was: tf.feature_column.embedding_column
+    estimator = tf.compat.v1.estimator.DNNClassifier(
+        [64, 32], columns, optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05)))
+    tf_ecrec.train(estimator, input_fn, max_steps=...)
+
+The column is TensorFlow's `EmbeddingColumn` (the same fields, parse spec, shapes and name; any
+categorical column: hashed, identity, vocabulary, weighted), whose table is a
+`tf_ecrec.EmbeddingCollection` of one table instead of a variable: striped over the PS tasks with
+parity, read with the collection's lookup and combined per example as TensorFlow's sparse lookup
+does (``sum``, ``mean``, ``sqrtn``; ids below 0, as an out-of-vocabulary id without OOV buckets, and
+weights of 0 or less are dropped; an example with no id gets zeros). It serves both feature-column
+APIs: the v1 ``input_layer`` of the ``tf.compat.v1.estimator`` canned estimators and the v2
+``DenseFeatures``. The collection is made the first time the graph reads the column, inside the
+model_fn that `tf_ecrec.ec_model_fn` wraps (its code and PS count). Not supported (a `ConfigError`
+when the graph is built): ``max_norm`` and ``ckpt_to_load_from``.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.feature_column import feature_column_v2 as fc
+
+from tf_ecrec.embedding import EmbeddingCollection
+from tf_ecrec.errors import ConfigError
+
+_COMBINERS = ("sum", "mean", "sqrtn")
+# Per graph, the collection of each column (by name): a column read twice in a graph reads one table.
+_TABLES: weakref.WeakKeyDictionary[tf.Graph, dict[str, EmbeddingCollection]] = weakref.WeakKeyDictionary()
+
+
+class ECEmbeddingColumn(fc.EmbeddingColumn):
+    """`tf.feature_column.embedding_column` with its table in a `tf_ecrec.EmbeddingCollection` (see the module doc)."""
+
+    def create_state(self, state_manager: Any) -> None:
+        """No variable of TensorFlow's: the table is the collection, made when the graph first reads the column."""
+
+    def _get_dense_tensor_internal(self, sparse_tensors: Any, state_manager: Any) -> tf.Tensor:
+        return self._protected_lookup(sparse_tensors)
+
+    def _old_get_dense_tensor_internal(self, sparse_tensors: Any, weight_collections: Any, trainable: Any) -> tf.Tensor:
+        return self._protected_lookup(sparse_tensors)
+
+    def _table(self) -> EmbeddingCollection:
+        tables = _TABLES.setdefault(tf.compat.v1.get_default_graph(), {})
+        if self.name not in tables:
+            rows = getattr(self.categorical_column, "num_buckets", None) or self.categorical_column._num_buckets
+            name = re.sub(r"[^A-Za-z0-9_.\-]", "_", self.name)
+            tables[self.name] = EmbeddingCollection(name, [(name, int(rows))], self.dimension, initializer=self.initializer)
+        return tables[self.name]
+
+    def _protected_lookup(self, sparse_tensors: Any) -> tf.Tensor:
+        if self.max_norm is not None or self.ckpt_to_load_from is not None:
+            raise ConfigError(f"embedding_column {self.name!r} has max_norm={self.max_norm!r} and ckpt_to_load_from="
+                              f"{self.ckpt_to_load_from!r}; rule: neither (not supported by a protected table); "
+                              "source: tf_ecrec.feature_column.embedding_column")
+        table = self._table()
+        ids, weights = sparse_tensors.id_tensor, sparse_tensors.weight_tensor
+        batch = ids.dense_shape[0]
+        if ids.dense_shape.shape[0] != 2:  # [batch, ...]: every id of an example in one row, as the sparse lookup does
+            ids = tf.sparse.reshape(ids, tf.stack([batch, -1]))
+            weights = tf.sparse.reshape(weights, tf.stack([batch, -1])) if weights is not None else None
+        example, values = ids.indices[:, 0], ids.values
+        w = tf.cast(weights.values, tf.float32) if weights is not None else tf.ones_like(values, tf.float32)
+        keep = tf.logical_and(values >= 0, w > 0) if weights is not None else values >= 0
+        example, values, w = (tf.boolean_mask(t, keep) for t in (example, values, w))
+        rows = table.lookup(table.table_names[0], values) * w[:, None]
+        total = tf.math.unsorted_segment_sum(rows, example, batch)
+        if self.combiner == "mean":
+            total = tf.math.divide_no_nan(total, tf.math.unsorted_segment_sum(w, example, batch)[:, None])
+        elif self.combiner == "sqrtn":
+            total = tf.math.divide_no_nan(total, tf.sqrt(tf.math.unsorted_segment_sum(w * w, example, batch))[:, None])
+        return total
+
+
+def embedding_column(categorical_column: Any, dimension: int, combiner: str = "mean", initializer: Any = None,
+                     trainable: bool = True) -> ECEmbeddingColumn:
+    """`tf.feature_column.embedding_column(categorical_column, dimension, combiner, initializer)`, protected.
+
+    Raises:
+      ConfigError: a dimension below 1, an unknown combiner, or a column that is not a categorical column.
+    """
+    if not isinstance(dimension, int) or dimension < 1:
+        raise ConfigError(f"dimension={dimension!r}; rule: an integer >= 1; source: tf_ecrec.feature_column.embedding_column")
+    if combiner not in _COMBINERS:
+        raise ConfigError(f"combiner={combiner!r}; rule: one of {_COMBINERS}; source: tf_ecrec.feature_column.embedding_column")
+    if not isinstance(categorical_column, (fc.CategoricalColumn, fc.fc_old._CategoricalColumn)):
+        raise ConfigError(f"categorical_column={categorical_column!r}; rule: a categorical column (hash bucket, identity, "
+                          "vocabulary, weighted); source: tf_ecrec.feature_column.embedding_column")
+    return ECEmbeddingColumn(categorical_column=categorical_column, dimension=dimension, combiner=combiner,
+                             initializer=initializer or tf.compat.v1.truncated_normal_initializer(stddev=dimension ** -0.5),
+                             ckpt_to_load_from=None, tensor_name_in_ckpt=None, max_norm=None, trainable=trainable)
