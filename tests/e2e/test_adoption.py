@@ -121,6 +121,36 @@ def test_a_public_style_script_adopted_through_the_guide_survives_a_killed_ps(tm
         job.stop()
 
 
+def test_a_canned_dnn_classifier_with_protected_columns_survives_a_killed_ps(tmp_path):
+    """Issue 34: a canned estimator as a user runs it (tests/adoption/canned_dnn_protected.py: the v1 DNNClassifier,
+    its two embedding columns tf_ecrec's, an ECOptimizer, tf_ecrec.train under its own TF_CONFIG, one process per
+    task): a PS SIGKILLed mid-training and restarted is rebuilt from parity with 0 steps rolled back (no checkpoint
+    exists after step 0), both trainers end, and parity is exact on the live PS afterwards."""
+    model_dir = str(tmp_path / "model")
+    script = [sys.executable, os.path.join(SCRIPTS, "canned_dnn_protected.py"), "--model_dir", model_dir,
+              "--max_steps", "1000"]
+    job = ProcessCluster(script, {"ps": 3, "chief": 1, "worker": 1}, str(tmp_path / "logs"), fork=True)
+    try:
+        job.start_all()
+        killed_at = job.wait_for_step(300)
+        job.kill("ps:1")
+        job.start("ps:1")
+        codes = job.wait(["chief:0", "worker:0"], timeout=600)
+        assert codes == {"chief:0": 0, "worker:0": 0}, {t: job.log(t)[-3000:] for t in codes}
+        with open(os.path.join(model_dir, "recovery.jsonl"), encoding="utf-8") as fh:
+            entries = [json.loads(line) for line in fh]
+        rebuilt = [e for e in entries if e["lost_ps"] == [1]]
+        assert rebuilt and rebuilt[0]["method"] == "parity" and rebuilt[0]["steps_rolled_back"] == 0, entries
+        assert rebuilt[0]["global_step"] + rebuilt[0]["steps_undone"] >= killed_at, entries
+        verify = zygote.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", model_dir],
+                            env=job.env, timeout=300)
+        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+        result = json.loads(verify.stdout)
+        assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] == 6, result
+    finally:
+        job.stop()
+
+
 def _assert_the_exporter_serves_without_tf_ecrec(model_dir, last_step):
     """Issue 34 item 3: the script's own EvalSpec exporter, run by the evaluator on the protected model, wrote a
     SavedModel of the last evaluated checkpoint that serves in a process that cannot import tf_ecrec (stock ops
