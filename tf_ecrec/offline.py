@@ -42,8 +42,9 @@ def offline_estimator(estimator: tf.estimator.Estimator, *, ec: ECConfig | None 
     """
     from tf_ecrec.model_fn import ec_model_fn
 
-    if not isinstance(estimator, tf.estimator.Estimator):
-        raise ConfigError(f"estimator={estimator!r}; rule: a tf.estimator.Estimator; source: offline_estimator")
+    if not isinstance(estimator, (tf.estimator.Estimator, tf.compat.v1.estimator.Estimator)):  # canned v1 classes too
+        raise ConfigError(f"estimator={estimator!r}; rule: a tf.estimator.Estimator or tf.compat.v1.estimator.Estimator; "
+                          "source: offline_estimator")
     if ec is None or num_ps is None:
         found_ec, found_ps = training_layout(estimator.model_dir)
         ec, num_ps = ec or found_ec, num_ps or found_ps

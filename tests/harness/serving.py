@@ -29,7 +29,7 @@ class NoTfEcrec:
 sys.meta_path.insert(0, NoTfEcrec())
 import tensorflow as tf
 
-inputs = dict(np.load(sys.argv[1]))
+inputs = dict(np.load(sys.argv[1], allow_pickle=True))  # object arrays: serialized tf.Examples
 out = {}
 for path in sys.argv[2:]:
     loaded = tf.saved_model.load(path)
@@ -42,7 +42,8 @@ for path in sys.argv[2:]:
         feed = {name: tf.constant(inputs[name], spec.dtype) for name, spec in specs.items()}
     result = serve(**feed)
     variables = {v.name: hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in loaded.variables}
-    out[path] = {"outputs": {k: v.numpy().tolist() for k, v in result.items()}, "variables": variables,
+    outputs = {k: (v.numpy().astype(str) if v.dtype == tf.string else v.numpy()).tolist() for k, v in result.items()}
+    out[path] = {"outputs": outputs, "variables": variables,
                  "trainable": sorted(hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in getattr(loaded, "trainable_variables", []))}
 assert not [m for m in sys.modules if m.split(".")[0] == "tf_ecrec"]
 print(json.dumps(out))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from harness.serving import serve_without_tf_ecrec, sha256
 from tf_cluster import tf_cluster
 
 import tf_ecrec
@@ -73,6 +74,31 @@ def test_a_canned_dnn_classifier_trains_its_embedding_columns_striped_with_parit
     assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
     assert result["stripes_checked"] == 6 and result["replicas_checked"] > 0
     assert any(np.abs(live[v]).sum() > 0 for c in tables.values() for v in c["data"].values())
+
+    # Issue 34 item 3: exported with the canned estimator's usual receiver (serialized tf.Examples), it serves in a
+    # process that cannot import tf_ecrec, with the trained tables' data chunks bit for bit and no parity or slot,
+    # and scores what the Estimator predicts from the checkpoint.
+    offline = tf_ecrec.offline_estimator(canned)
+    receiver = tf.estimator.export.build_parsing_serving_input_receiver_fn(tf.feature_column.make_parse_example_spec(
+        _columns()))
+    path = offline.export_saved_model(str(tmp_path / "export"), receiver).decode()
+    rng = np.random.default_rng(4)
+    rows = [(f"u{u}".encode(), int(i), float(a)) for u, i, a in zip(rng.integers(0, 2000, 8), rng.integers(0, ITEMS, 8),
+                                                                        rng.random(8))]
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "user": tf.train.Feature(bytes_list=tf.train.BytesList(value=[u])),
+        "item": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+        "age": tf.train.Feature(float_list=tf.train.FloatList(value=[a]))})).SerializeToString() for u, i, a in rows]
+    (got,) = serve_without_tf_ecrec([path], {"examples": np.array(examples, dtype=object)}, str(tmp_path)).values()
+    names = {n.removesuffix(":0") for n in got["variables"]}
+    data = {v for c in tables.values() for v in c["data"].values()}
+    assert data <= names and not [n for n in names if "parity" in n or "replica" in n or "Adagrad" in n], sorted(names)
+    assert all(got["variables"][f"{n}:0"] == sha256(live[n]) for n in data)
+    features = {"user": np.array([u for u, _, _ in rows]), "item": np.array([i for _, i, _ in rows], np.int64),
+                "age": np.array([a for _, _, a in rows], np.float32)}
+    want = next(offline.predict(lambda: tf.data.Dataset.from_tensors(features), yield_single_examples=False))
+    scores = np.asarray(got["outputs"]["scores"], np.float32)[:, 1]
+    np.testing.assert_allclose(scores, want["probabilities"][:, 1], rtol=1e-5, atol=1e-6)
 
 
 def test_an_embedding_column_with_what_a_protected_table_cannot_do_is_refused():
