@@ -88,6 +88,9 @@ def embedding_column(categorical_column: Any, dimension: int, combiner: str = "m
     """
     if not isinstance(dimension, int) or dimension < 1:
         raise ConfigError(f"dimension={dimension!r}; rule: an integer >= 1; source: tf_ecrec.feature_column.embedding_column")
+    if trainable is not True:
+        raise ConfigError(f"trainable={trainable!r}; rule: True (a protected table is trained by the ECOptimizer; a frozen "
+                          "table is a stock embedding_column); source: tf_ecrec.feature_column.embedding_column")
     if combiner not in _COMBINERS:
         raise ConfigError(f"combiner={combiner!r}; rule: one of {_COMBINERS}; source: tf_ecrec.feature_column.embedding_column")
     if not isinstance(categorical_column, (fc.CategoricalColumn, fc.fc_old._CategoricalColumn)):

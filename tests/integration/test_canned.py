@@ -105,6 +105,8 @@ def test_an_embedding_column_with_what_a_protected_table_cannot_do_is_refused():
     user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
     with pytest.raises(ConfigError, match="combiner='max'"):
         tf_ecrec.feature_column.embedding_column(user, 8, combiner="max")
+    with pytest.raises(ConfigError, match="trainable=False"):
+        tf_ecrec.feature_column.embedding_column(user, 8, trainable=False)
     with pytest.raises(ConfigError, match="rule: a categorical column"):
         tf_ecrec.feature_column.embedding_column(tf.feature_column.numeric_column("age"), 8)
 
