@@ -17,8 +17,6 @@ cluster, whatever TF_CONFIG says (a chief or an evaluator may export once traini
 
 from __future__ import annotations
 
-import json
-
 import tensorflow as tf
 
 from tf_ecrec.config import tf_config_env
@@ -26,6 +24,7 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.live_cluster import read_manifest
+from tf_ecrec.placement import Layout
 
 
 def offline_estimator(estimator: tf.estimator.Estimator, *, ec: ECConfig | None = None,
@@ -54,18 +53,17 @@ def offline_estimator(estimator: tf.estimator.Estimator, *, ec: ECConfig | None 
 
 
 def training_layout(model_dir: str) -> tuple[ECConfig, int]:
-    """The code and PS count a protected job trained `model_dir` with, from its chief's variable manifest
-    (the code, and the PS count of the tables' layout: the one the checkpoint's chunks were cut for)."""
+    """The code and PS count a protected job trained `model_dir` with: those of its tables' layouts (the ones the
+    checkpoint's chunks were cut for), as its chief's variable manifest records them."""
     path = manifest_file(model_dir)
     meta = read_manifest(path).get("ec") or {}
-    code = meta.get("code")
-    layouts = [json.loads(c["layout"]) for c in meta.get("collections", ()) if "layout" in c]
-    counts = {int(layout["num_ps"]) for layout in layouts}
-    if not (isinstance(code, list) and len(code) == 2 and len(counts) == 1):
-        raise ConfigError(f"variable manifest {path!r} has code={code!r} and tables laid out for {sorted(counts)} PS; rule: a "
-                          "model dir trained with erasure-coded protection (its chief writes both), or pass ec= and num_ps=; "
-                          "source: " + path)
-    return ECConfig(int(code[0]), int(code[1])), counts.pop()
+    found = {(lay.k, lay.r, lay.num_ps) for lay in (Layout.from_json(c["layout"], source=path)
+                                                    for c in meta.get("collections", ()) if "layout" in c)}
+    if len(found) != 1:
+        raise ConfigError(f"variable manifest {path!r} has tables laid out as (k, r, PS) {sorted(found)}; rule: one layout, "
+                          "of a model dir trained with erasure-coded protection, or pass ec= and num_ps=; source: " + path)
+    k, r, num_ps = found.pop()
+    return ECConfig(k, r), num_ps
 
 
 def local_run_config(config: tf.estimator.RunConfig) -> tf.estimator.RunConfig:
