@@ -18,6 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.recovery.deadline_session import LongDeadlineSaver
+
 _LOG = logging.getLogger(__name__)
 
 
@@ -36,7 +38,8 @@ class FinalCheckpointHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self) -> None:
         self._step = tf.compat.v1.train.get_global_step()
-        self._saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
+        # The session's operation timeout ends waits on a dead task; a save of large tables outlasts it.
+        self._saver = LongDeadlineSaver(sharded=True, max_to_keep=3, allow_empty=True)
 
     def end(self, session: Any) -> None:
         if not self._final():
