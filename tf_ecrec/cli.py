@@ -36,7 +36,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "kill and restart tasks on cue, and write a report.",
     )
     p.add_argument("--model", default="dlrm",
-                   help="dlrm, dcn, keras_dlrm (--strategy pss), or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
+                   help="dlrm, dcn, wide_deep_canned, keras_dlrm (--strategy pss), or a user's model module by import path (my_pkg.my_model; see docs/adoption.md)")
     p.add_argument("--data", default="synthetic",
                    help="synthetic | criteo:PATH[,PATH...] | stream:DIR | stream:redis://HOST:PORT/DB/TOPIC/PARTITION")
     p.add_argument("--strategy", default="estimator", choices=values(Strategy),

@@ -34,6 +34,7 @@ from tf_ecrec.flash.config import FlashConfig
 from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_index
 from tf_ecrec.flash.snapshots import FlashSnapshots
 from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.optimizer_parts import finish_pending
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
@@ -110,6 +111,9 @@ def ec_model_fn(model_fn: ModelFn, ec: ECConfig, recovery_listener: Listener | N
         local = not config.num_ps_replicas and mode != tf.estimator.ModeKeys.TRAIN
         with local_storage() if local else tf.compat.v1.device(layout_placement):
             spec = model_fn(**{k: v for k, v in kwargs.items() if k in accepted})
+            deferred = finish_pending() if training else None  # an ECOptimizer with parts: one step of all updates
+            if deferred is not None:  # built where the model_fn's ops were (its placement)
+                spec = spec._replace(train_op=deferred.finish(spec.train_op))
         if mode == tf.estimator.ModeKeys.TRAIN:
             optimizer = _check_protected()
             timeout_ms = getattr(config.session_config, "operation_timeout_in_ms", 0) if config.session_config else 0
@@ -171,7 +175,8 @@ def _check_protected() -> ECOptimizer:
         raise ConfigError(
             f"the model_fn applied gradients through tf_ecrec.ECOptimizer {len(protectors)} times "
             f"({distinct} optimizer object{'s' if distinct > 1 else ''}); rule: one ECOptimizer, one "
-            "apply_gradients/minimize per model_fn, updating every variable (give all variables to one optimizer); "
+            "apply_gradients/minimize per model_fn, updating every variable (give all variables to one optimizer, or "
+            "other optimizers as its parts: ECOptimizer.part); "
             "source: the model_fn"
         )
     updated = {name for opt in protectors for c in opt.parity for name in [c]}
@@ -190,6 +195,6 @@ def _check_protected() -> ECOptimizer:
         raise ConfigError(
             f"trainable variables {loose[:8]}{' ...' if len(loose) > 8 else ''} ({len(loose)}) are not updated by the "
             "tf_ecrec.ECOptimizer, so nothing protects them; rule: one ECOptimizer updates every trainable variable "
-            "(a canned DNNLinearCombined estimator trains its linear part with a second optimizer: not supported yet); "
+            "(a canned DNNLinearCombined estimator's linear optimizer: give it as ECOptimizer.part(FtrlOptimizer(...))); "
             "source: the model_fn")
     return opt

@@ -43,6 +43,7 @@ from tf_ecrec.ec_config import ECConfig
 from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
+from tf_ecrec.optimizer_parts import Deferred, ECOptimizerPart
 from tf_ecrec.protection import ProtectionVariables, describe
 from tf_ecrec.step_program import (
     AppliedUpdate,
@@ -59,6 +60,7 @@ from tf_ecrec.step_program import (
     barrier,
     commit_rounds,
     new_step_id,
+    planned_folds,
 )
 from tf_ecrec.step_program import dedup as _dedup
 from tf_ecrec.step_program import gate as _gate
@@ -82,27 +84,21 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps a v1 optimizer so that every update keeps parity and replicas exact.
 
     Args:
-      optimizer: a stock tf.compat.v1.train optimizer (see `UpdateRule.of`).
-      ec: the code for dense replicas and the global step (r replicas); default:
-        the code of `tf_ecrec.ec_model_fn`, else that of the graph's
-        embedding collections.
+      optimizer: a stock tf.compat.v1.train optimizer (see `UpdateRule.of`); `part` adds others.
+      ec: the code for dense replicas and the global step (r replicas); default: the code of
+        `tf_ecrec.ec_model_fn`, else that of the graph's embedding collections.
       name: name prefix of the ops.
-      commit_timeout_ms: how long a step's round-1 commit waits behind an
-        earlier step's uncommitted update of the same variable (a dead
-        task's step, until the chief settles it) before the step fails with
-        ``AbortedError``; 0 fails at once.
-      rule: the update rule, when there is no v1 optimizer to read it from
-        (`tf_ecrec.pss` reads it from a Keras optimizer); ``optimizer`` is
-        then None and `compute_gradients` is not available.
-      commit: ``"carried"``: a step's run ends after its count, and its two
-        commit rounds run in the trainer's next run (`tf_ecrec.carried_commit`:
-        a `CarriedCommitHook` or `CarriedCommit.run` must drive the runs);
-        ``"batched"``: a step is its applies and count, its folds and commit
-        run in the trainer's fold rounds (`tf_ecrec.batched_commit`, driven
-        the same way);
-        ``"in_step"``: a run ends after its own commit.  Default:
-        ``TF_ECREC_COMMIT`` if set, else in_step (`tf_ecrec.ec_model_fn` adds
-        the hook either way).
+      commit_timeout_ms: how long a step's round-1 commit waits behind an earlier step's uncommitted
+        update of the same variable (a dead task's step, until the chief settles it) before the step
+        fails with ``AbortedError``; 0 fails at once.
+      rule: the update rule, when there is no v1 optimizer to read it from (`tf_ecrec.pss` reads it
+        from a Keras optimizer); ``optimizer`` is then None and `compute_gradients` is not available.
+      commit: ``"carried"``: a step's run ends after its count, and its two commit rounds run in the
+        trainer's next run (`tf_ecrec.carried_commit`: a `CarriedCommitHook` or `CarriedCommit.run`
+        must drive the runs); ``"batched"``: a step is its applies and count, its folds and commit run
+        in the trainer's fold rounds (`tf_ecrec.batched_commit`, driven the same way); ``"in_step"``:
+        a run ends after its own commit.  Default: ``TF_ECREC_COMMIT`` if set, else in_step
+        (`tf_ecrec.ec_model_fn` adds the hook either way).
     """
 
     def __init__(
@@ -124,9 +120,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self._ec = ec
         self._bound: Binding | None = None
         self.variables = ProtectionVariables(self.rule)
-        self.parity = self.variables.parity  # collection -> PS -> parity variable
-        self.replicas = self.variables.replicas  # variable name -> replicas
-        self.protected = self.variables.protected  # variable name -> variable (dense + global step)
+        # collection -> PS -> parity variable; variable name -> replicas; -> variable (dense ones, the global step)
+        self.parity, self.replicas, self.protected = self.variables.parity, self.variables.replicas, self.variables.protected
         self.targets: dict[int, Target] = {}  # logged variable groups by id (tf_ecrec.steplog)
         self._tid: dict[str, int] = {}
         self.logs: dict[int, tf.Tensor] = {}  # PS task -> delta log handle
@@ -134,6 +129,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self.carried_commit: CarriedCommit | BatchedCommit | None = None  # how the hooks drive a deferred commit
         self._fold_plan: dict[int, ParityFolds | ReplicaFolds] = {}  # data target id -> how its deltas fold
         self._collections: dict[str, EmbeddingCollection] = {}
+        self.deferred: Deferred | None = None  # with parts: the updates recorded until ec_model_fn builds the step
+        self._graph: tf.Graph | None = None  # the graph of the variables above (a bound TF2 step's: eager ones)
 
     # ---- the Optimizer interface ---------------------------------------------------------------------------
 
@@ -174,7 +171,14 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
     def get_slot_names(self) -> list[str]:
         return [name for name, _ in self.rule.slots]
 
+    def part(self, optimizer: tf.compat.v1.train.Optimizer, name: str | None = None) -> ECOptimizerPart:
+        """`optimizer`'s rule for the variables it is given, in this ECOptimizer's step (`tf_ecrec.optimizer_parts`)."""
+        self.deferred = self.deferred or Deferred(self)
+        return ECOptimizerPart(self, optimizer, name or f"{self._name}_part")
+
     def apply_gradients(self, grads_and_vars: Sequence[tuple[Any, tf.Variable]], global_step: tf.Variable | None = None, name: str | None = None) -> tf.Operation:
+        if self.deferred is not None and not self.deferred.building:  # parts: ec_model_fn builds one step of all
+            return self.deferred.record(grads_and_vars, self.rule, global_step)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
             raise ConfigError("ECOptimizer got no gradients; source: apply_gradients")
@@ -188,6 +192,8 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self._ec = ec
         self._collections = {c.name: c for c in colls}
         self.logs = {}  # handles are per graph: a TF2 step is traced into a new graph each time
+        if self._bound is None and self._graph is not (graph := tf.compat.v1.get_default_graph()):
+            self._new_graph(graph)  # an Estimator's next graph (another train call, a failover's rebuild)
         owner = {variable_name(v): (c, p) for c in colls for p, v in c.data.items()}
         step = global_step
         step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
@@ -256,14 +262,17 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         _PROTECTORS.add(self)
         return train_op
 
+    def _new_graph(self, graph: tf.Graph) -> None:
+        """Slots, parity, replicas and log targets are variables of one graph: made anew in the next."""
+        rules, self.variables = self.variables.rules, ProtectionVariables(self.rule)
+        self.variables.rules.update(rules)
+        self.parity, self.replicas, self.protected = self.variables.parity, self.variables.replicas, self.variables.protected
+        self.targets, self._tid, self._fold_plan, self._graph = {}, {}, {}, graph
+
     def _mode(self, step_context: Any) -> str:
         """How this step commits: "in_step", "carried" or "batched" (a TF2 step, bound, commits in its run)."""
-        if self._bound is not None:
-            return "in_step"
-        mode = self._commit_mode or commit_mode_from_environ()
-        if mode is not None:
-            return mode
-        return step_context.commit if step_context is not None else "in_step"
+        mode = "in_step" if self._bound is not None else (self._commit_mode or commit_mode_from_environ())
+        return mode or (step_context.commit if step_context is not None else "in_step")
 
     def _log(self, ps: int) -> tf.Tensor:
         if ps not in self.logs:
@@ -284,20 +293,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def expected_folds(self, tid: int, rows: np.ndarray, delta: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
         """The folds a data update of target `tid` on `rows` causes: (target, rows, delta, coef) each."""
-        plan = self._fold_plan[tid]
-        if isinstance(plan, ReplicaFolds):
-            return [(rep_tid, rows, delta, 1) for rep_tid in plan.targets]
-        coll = plan.coll
-        c = coll.chunk_rows
-        lc = rows // c
-        out = []
-        for route in coll.table_layout.fold_routes(plan.ps, coll.code):
-            sel = np.isin(lc, route.local_chunks)
-            if sel.any():
-                prow = route.parity_base[lc[sel]] + rows[sel] % c
-                parity = self.parity[coll.name][route.ps]
-                out.append((self._tid[variable_name(parity)], prow, delta[sel], route.coef))
-        return out
+        return planned_folds(self._fold_plan[tid], lambda coll, ps: self._tid[variable_name(self.parity[coll][ps])], rows, delta)
 
     def _num_ps(self, var: tf.Variable) -> int:
         return self._bound.num_ps if self._bound is not None else _num_ps(var)
@@ -311,7 +307,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self._fold_plan[tid] = ParityFolds(coll, p)
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
-            delta = self.rule.apply(var, slots, values, indices, step, self._logged(p, tid))
+            delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(p, tid))
             with tf.control_dependencies([delta]):
                 seq = ec_ops.delta_log_seq_of(self._log(p), self._sid, tid)
 
@@ -351,7 +347,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         indices, values = _dedup(grad, var)
         dense = not isinstance(grad, tf.IndexedSlices)
         with tf.device(var.device):
-            delta = self.rule.apply(var, slots, values, indices, step, self._logged(primary, tid))
+            delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(primary, tid))
             with tf.control_dependencies([delta]):
                 seq = ec_ops.delta_log_seq_of(self._log(primary), self._sid, tid)
 

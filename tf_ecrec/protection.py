@@ -30,7 +30,8 @@ class ProtectionVariables:
     """The slots, parity and replicas of one optimizer's variables, by name; create them with the ``*_for`` methods.
 
     Args:
-      rule: the update rule (its slots are created for every updated variable).
+      rule: the update rule (its slots are created for every updated variable), unless `rules` names
+        another for a variable (an `ECOptimizer` with parts: `tf_ecrec.optimizer_parts`).
 
     Attributes:
       slots: variable name -> its slot variables, in the rule's order.
@@ -41,6 +42,7 @@ class ProtectionVariables:
 
     def __init__(self, rule: UpdateRule) -> None:
         self.rule = rule
+        self.rules: dict[str, UpdateRule] = {}  # variable name -> its rule, where not `rule`
         self.slots: dict[str, list[tf.Variable]] = {}
         self.parity: dict[str, dict[int, tf.Variable]] = {}
         self.replicas: dict[str, list[tf.Variable]] = {}
@@ -51,6 +53,10 @@ class ProtectionVariables:
         names = {variable_name(v) for parity in self.parity.values() for v in parity.values()}
         return names | {variable_name(r) for reps in self.replicas.values() for r in reps}
 
+    def rule_of(self, var: tf.Variable) -> UpdateRule:
+        """The update rule of `var`."""
+        return self.rules.get(variable_name(var), self.rule)
+
     def slots_of(self, var: tf.Variable) -> list[tf.Variable]:
         """The slots of `var`, if they were created."""
         return self.slots.get(variable_name(var), [])
@@ -60,7 +66,7 @@ class ProtectionVariables:
         if variable_name(var) not in self.slots:
             slots = []
             with on_ps(device_task(var.device)):
-                for slot_name, initial in self.rule.slots:
+                for slot_name, initial in self.rule_of(var).slots:
                     slots.append(
                         tf.compat.v1.Variable(
                             unfolded.filled(var.shape.as_list(), initial, tf.float32),
@@ -86,7 +92,11 @@ class ProtectionVariables:
             with tf.compat.v1.device(var.device):  # on the data's PS, not the chief (see embedding._masked)
                 values = [initial_value_of(var)] + [initial_value_of(s) for s in self.slots_for(var)]
                 words[p] = row_words(values, int(var.shape[0]))
-        width = (1 + len(self.rule.slots)) * coll.dim
+        kinds = sorted({str(self.rule_of(v).kind) for v in coll.data.values()})
+        if len(kinds) > 1:  # a stripe's rows and slots are encoded together: one layout of slots per collection
+            raise ConfigError(f"collection {coll.name!r} is updated by the rules {kinds}; rule: one update rule per "
+                              "embedding collection; source: the optimizers given its variables")
+        width = (1 + len(self.rule_of(next(iter(coll.data.values()))).slots)) * coll.dim
         parity: dict[int, tf.Variable] = {}
         for q, chunks in coll.parity_chunks_on.items():
             if not chunks:
@@ -178,6 +188,7 @@ def describe(opt: Any, colls: dict[str, Any], ec: Any) -> dict[str, Any]:
         "collections": [],
         "replicas": {name: [variable_name(r) for r in reps] for name, reps in opt.replicas.items()},
         "replica_slots": {name: [variable_name(s) for s in slots.get(name, [])] for name in opt.replicas},
+        "rules": {name: rule.kind.value for name, rule in sorted(opt.variables.rules.items())},  # where not "optimizer"
     }
     for name, parity in opt.parity.items():
         coll = colls[name]

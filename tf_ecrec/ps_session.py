@@ -115,6 +115,10 @@ def propagated_config(cluster: Mapping[str, Any], timeout_secs: float, base: Any
     # The propagated cluster is what the session may reach; a base's filters (the Estimator's
     # default names other workers) would only narrow it.
     config.device_filters[:] = []
+    if base is None:
+        # As the Estimator's default session config: a canned estimator's summaries read variables inside a
+        # cond whose branch would otherwise be pinned to the trainer and colocated with the PS (refused).
+        config.allow_soft_placement = True
     if base is None and os.environ.get(ENV_GRAPPLER) != "on":
         # Grappler optimises every new call signature of a session; a recovery is a dozen first calls on a new
         # session, and each trainer's first step after it one more: measured with a spare PS, 0.4-0.5 s less

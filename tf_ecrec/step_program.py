@@ -154,6 +154,22 @@ class ReplicaFolds:
     targets: tuple[int, ...]
 
 
+def planned_folds(plan: ParityFolds | ReplicaFolds, parity_tid: Callable[[str, int], int], rows: np.ndarray,
+                  delta: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
+    """The folds of a data update on `rows` under `plan`: (target id, rows, delta, coef) each, as the fold ops make
+    them (`parity_tid(collection name, PS)`: the target id of that PS's parity of the collection)."""
+    if isinstance(plan, ReplicaFolds):
+        return [(rep_tid, rows, delta, 1) for rep_tid in plan.targets]
+    coll, c = plan.coll, plan.coll.chunk_rows
+    lc = rows // c
+    out = []
+    for route in coll.table_layout.fold_routes(plan.ps, coll.code):
+        sel = np.isin(lc, route.local_chunks)
+        if sel.any():
+            out.append((parity_tid(coll.name, route.ps), route.parity_base[lc[sel]] + rows[sel] % c, delta[sel], route.coef))
+    return out
+
+
 class Apply(NamedTuple):
     """An apply of a step: its row indices, its delta and its seq in the log (feed them to run a fold alone)."""
 

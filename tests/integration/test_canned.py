@@ -124,3 +124,78 @@ def test_a_wide_and_deep_with_its_linear_part_under_a_second_optimizer_is_refuse
     estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
     with pytest.raises(ConfigError, match=r"trainable variables \['linear/linear_model/.*are not updated by the tf_ecrec"):
         estimator.train(_input_fn(), max_steps=2)
+
+
+def _wide_and_deep(cluster, tmp_path, dnn_optimizer, linear_optimizer):
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
+    wide = [user, tf.feature_column.crossed_column(["user", item], 1000)]
+    deep = [tf_ecrec.feature_column.embedding_column(user, 8), tf_ecrec.feature_column.embedding_column(item, 4),
+            tf.feature_column.numeric_column("age")]
+    return tf.compat.v1.estimator.DNNLinearCombinedClassifier(
+        linear_feature_columns=wide, linear_optimizer=linear_optimizer, dnn_feature_columns=deep,
+        dnn_hidden_units=[16, 8], dnn_optimizer=dnn_optimizer, config=_run_config(cluster, tmp_path)), wide + deep
+
+
+def test_a_canned_wide_and_deep_trains_both_parts_with_their_own_optimizers_in_one_protected_step(cluster, tmp_path):
+    """Issue 34: DNNLinearCombinedClassifier (v1) with its two optimizers, Adagrad for the deep part and FTRL for
+    the linear part given as ``ECOptimizer.part``: one protected step per run (the global step counts 20 runs, not
+    40, the canned increment replaced by the step's count), the deep tables striped with parity under Adagrad, the
+    linear weights (a hashed and a crossed column) replicated with their two FTRL slots, parity and replicas exact
+    after training, both parts moved; exported, it serves what the Estimator predicts."""
+    dnn = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+    canned, columns = _wide_and_deep(cluster, tmp_path, dnn, dnn.part(tf.compat.v1.train.FtrlOptimizer(0.1)))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "variables.json")
+    estimator.train(_input_fn(), max_steps=20, hooks=[VariableManifestHook(path)])
+    manifest = read_manifest(path)
+    meta = manifest["ec"]
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    assert live["global_step"] == 20
+    # The linear model's weights (the canned estimator partitions them over the PS: parts of one here, small).
+    linear = sorted(n for n in meta["replicas"] if n.startswith("linear/") and "/weights/part_" in n)
+    assert len(linear) == 2 and all(meta["rules"][n] == "ftrl" for n in linear), (linear, meta["rules"])
+    assert all(len(meta["replica_slots"][n]) == 2 for n in linear), meta["replica_slots"]
+    assert meta["optimizer"] == "adagrad" and sorted(c["name"] for c in meta["collections"]) == [
+        "item_embedding", "user_embedding"]
+    result = check_parity(meta, live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    assert result["stripes_checked"] == 6 and result["replicas_checked"] >= len(linear)
+    assert all(np.abs(live[n]).sum() > 0 for n in linear)  # FTRL moved the zero-initialised linear weights
+    # Another train call builds a new graph with the same optimizer objects, as a failover's rebuild does.
+    estimator.train(_input_fn(), max_steps=30)
+    assert tf.train.load_checkpoint(str(tmp_path)).get_tensor("global_step") == 30  # (it crashed: the old graph's slots)
+    receiver = tf.estimator.export.build_parsing_serving_input_receiver_fn(
+        tf.feature_column.make_parse_example_spec(columns))
+    offline = tf_ecrec.offline_estimator(canned)
+    export = offline.export_saved_model(str(tmp_path / "export"), receiver).decode()
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "user": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"u7"])),
+        "item": tf.train.Feature(int64_list=tf.train.Int64List(value=[3])),
+        "age": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5]))})).SerializeToString()
+    (got,) = serve_without_tf_ecrec([export], {"examples": np.array([example], dtype=object)}, str(tmp_path)).values()
+    features = {"user": np.array([b"u7"]), "item": np.array([3], np.int64), "age": np.array([0.5], np.float32)}
+    want = next(offline.predict(lambda: tf.data.Dataset.from_tensors(features), yield_single_examples=False))
+    np.testing.assert_allclose(np.asarray(got["outputs"]["scores"], np.float32)[:, 1], want["probabilities"][:, 1],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_parts_whose_train_op_runs_something_the_step_would_not_are_refused(cluster, tmp_path):
+    """With parts the protected step replaces the model_fn's train op: one that runs anything else (here a counter
+    of the user's) is refused, naming the op, rather than silently dropped."""
+    dnn = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+    linear = dnn.part(tf.compat.v1.train.FtrlOptimizer(0.1))
+
+    def model_fn(features, labels, mode, config):
+        x = tf.compat.v1.layers.dense(tf.reshape(features["age"], [-1, 1]), 1, name="d")
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.reshape(labels, [-1, 1]), logits=x))
+        counter = tf.compat.v1.get_variable("mine", [], tf.int64, initializer=tf.zeros_initializer(), trainable=False)
+        kernel, bias = tf.compat.v1.trainable_variables("d")
+        step = tf.compat.v1.train.get_global_step()
+        ops = [dnn.minimize(loss, var_list=[kernel]), linear.minimize(loss, var_list=[bias], global_step=step),
+               counter.assign_add(1).op]
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.group(*ops))
+
+    estimator = tf.estimator.Estimator(ec_model_fn(model_fn, ECConfig(2, 1)), config=_run_config(cluster, tmp_path))
+    with pytest.raises(ConfigError, match=r"train op runs 'AssignAddVariableOp.*' \(AssignAddVariableOp\) beside"):
+        estimator.train(_input_fn(), max_steps=2)

@@ -56,6 +56,7 @@ LAYERS: dict[str, float] = {
     "tf_ecrec.protection": 2,
     "tf_ecrec.step_program": 2,
     "tf_ecrec.optimizer": 2,
+    "tf_ecrec.optimizer_parts": 2,
     "tf_ecrec.carried_commit": 2,
     "tf_ecrec.batched_commit": 2,
     "tf_ecrec.fold_round": 2,

@@ -169,7 +169,7 @@ def test_malformed_add_worker_is_a_config_error(text):
         parse_add_workers([text])
 
 
-@pytest.mark.parametrize("model", ["dlrm", "dcn", "keras_dlrm"])
+@pytest.mark.parametrize("model", ["dlrm", "dcn", "keras_dlrm", "wide_deep_canned"])
 def test_fewer_tables_give_the_model_that_many_and_the_data_all_26_columns(model):
     """--tables N: the built-in models get N table sizes; the data still hashes 26 categoricals, the
     ones no table reads into one row (`data_sizes`); a user module returning another count is refused."""

@@ -12,7 +12,7 @@ from tf_ecrec.launcher.spec import JobSpec
 # The models a job may train, by import path: the launcher imports them only by name (importlib),
 # never statically (tf_ecrec.examples exists only when the package is installed).
 MODEL_MODULES = {"dlrm": "tf_ecrec.examples.dlrm", "dcn": "tf_ecrec.examples.dcn",
-                 "keras_dlrm": "tf_ecrec.examples.keras_dlrm"}
+                 "keras_dlrm": "tf_ecrec.examples.keras_dlrm", "wide_deep_canned": "tf_ecrec.examples.wide_deep_canned"}
 
 
 def load_model(name: str, keras: bool = False) -> Any:

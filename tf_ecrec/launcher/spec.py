@@ -18,7 +18,7 @@ from tf_ecrec.launcher import diagnosis, elastic, intervals
 from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
 from tf_ecrec.launcher.kill_spec import KillSpec
 
-MODELS = ("dlrm", "dcn", "keras_dlrm")
+MODELS = ("dlrm", "dcn", "keras_dlrm", "wide_deep_canned")
 # A user's model module (`tf_ecrec.launcher.task.load_model`): a dotted import path.
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

@@ -53,7 +53,7 @@ class CollectionRebuild:
         self.coll = coll
         self.layout = coll.table_layout
         self.code = coll.code
-        self.width = (1 + len(opt.rule.slots)) * coll.dim  # words per row of every chunk
+        self.width = (1 + len(opt.slots_of(next(iter(coll.data.values()))))) * coll.dim  # words per row of a chunk
         self.rows = int(self.layout.chunk_rows)
         self.slice_rows = max(1, min(self.rows, slice_bytes // (4 * self.width)))
         n = self.code.n
