@@ -199,3 +199,33 @@ def test_parts_whose_train_op_runs_something_the_step_would_not_are_refused(clus
     estimator = tf.estimator.Estimator(ec_model_fn(model_fn, ECConfig(2, 1)), config=_run_config(cluster, tmp_path))
     with pytest.raises(ConfigError, match=r"train op runs 'AssignAddVariableOp.*' \(AssignAddVariableOp\) beside"):
         estimator.train(_input_fn(), max_steps=2)
+
+
+@pytest.mark.parametrize("kind", ["linear_classifier", "wide_and_deep_regressor"])
+def test_the_other_canned_estimators_a_recommender_uses_train_protected_with_parity_exact(cluster, tmp_path, kind):
+    """LinearClassifier (its weights replicated under FTRL, its one optimizer wrapped) and DNNLinearCombinedRegressor
+    (the two optimizers as an ECOptimizer and its part, as for the classifier): parity and replicas exact after 10
+    steps, the global step counting runs once."""
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
+    config = _run_config(cluster, tmp_path)
+    if kind == "linear_classifier":
+        canned = tf.compat.v1.estimator.LinearClassifier(
+            [user, item, tf.feature_column.crossed_column(["user", item], 1000)],
+            optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.FtrlOptimizer(0.1)), config=config)
+    else:
+        dnn = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+        canned = tf.compat.v1.estimator.DNNLinearCombinedRegressor(
+            linear_feature_columns=[user], linear_optimizer=dnn.part(tf.compat.v1.train.FtrlOptimizer(0.1)),
+            dnn_feature_columns=[tf_ecrec.feature_column.embedding_column(item, 4)], dnn_hidden_units=[8],
+            dnn_optimizer=dnn, config=config)
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "variables.json")
+    estimator.train(_input_fn(), max_steps=10, hooks=[VariableManifestHook(path)])
+    manifest = read_manifest(path)
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    assert live["global_step"] == 10
+    result = check_parity(manifest["ec"], live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    weights = [n for n in manifest["ec"]["replicas"] if n.startswith("linear/") and "/weights/part_" in n]
+    assert len(weights) == (3 if kind == "linear_classifier" else 1) and result["replicas_checked"] > len(weights)
