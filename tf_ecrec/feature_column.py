@@ -1,4 +1,4 @@
-"""Feature columns whose embedding tables are erasure-coded: ``tf_ecrec.feature_column.embedding_column``.
+"""Feature columns whose embedding tables are erasure-coded: ``embedding_column`` and ``shared_embeddings``.
 
     user = tf.feature_column.categorical_column_with_hash_bucket("user", 100_000)
     columns = [tf_ecrec.feature_column.embedding_column(user, 16)]        # was: tf.feature_column.embedding_column
@@ -15,7 +15,9 @@ weights of 0 or less are dropped; an example with no id gets zeros). It serves b
 APIs: the v1 ``input_layer`` of the ``tf.compat.v1.estimator`` canned estimators and the v2
 ``DenseFeatures``. The collection is made the first time the graph reads the column, inside the
 model_fn that `tf_ecrec.ec_model_fn` wraps (its code and PS count). Not supported (a `ConfigError`
-when the graph is built): ``max_norm`` and ``ckpt_to_load_from``.
+when the graph is built): ``max_norm`` and ``ckpt_to_load_from``. ``shared_embeddings`` gives several
+categorical columns of one bucket count one table, as `tf.feature_column.shared_embeddings` does (each
+column is then an embedding column of that table, named as an ordinary one: ``<column>_embedding``).
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ class ECEmbeddingColumn(fc.EmbeddingColumn):
 
     def _table(self) -> EmbeddingCollection:
         tables = _TABLES.setdefault(tf.compat.v1.get_default_graph(), {})
-        if self.name not in tables:
-            rows = getattr(self.categorical_column, "num_buckets", None) or self.categorical_column._num_buckets
-            name = re.sub(r"[^A-Za-z0-9_.\-]", "_", self.name)
-            tables[self.name] = EmbeddingCollection(name, [(name, int(rows))], self.dimension, initializer=self.initializer)
-        return tables[self.name]
+        key = getattr(self, "shared_table", None) or self.name  # `shared_embeddings`: one table for several columns
+        if key not in tables:
+            name = re.sub(r"[^A-Za-z0-9_.\-]", "_", key)
+            tables[key] = EmbeddingCollection(name, [(name, _buckets(self.categorical_column))], self.dimension,
+                                              initializer=self.initializer)
+        return tables[key]
 
     def _protected_lookup(self, sparse_tensors: Any) -> tf.Tensor:
         if self.max_norm is not None or self.ckpt_to_load_from is not None:
@@ -99,3 +102,35 @@ def embedding_column(categorical_column: Any, dimension: int, combiner: str = "m
     return ECEmbeddingColumn(categorical_column=categorical_column, dimension=dimension, combiner=combiner,
                              initializer=initializer or tf.compat.v1.truncated_normal_initializer(stddev=dimension ** -0.5),
                              ckpt_to_load_from=None, tensor_name_in_ckpt=None, max_norm=None, trainable=trainable)
+
+
+def shared_embeddings(categorical_columns: Any, dimension: int, combiner: str = "mean", initializer: Any = None,
+                      shared_embedding_collection_name: str | None = None) -> list[ECEmbeddingColumn]:
+    """`tf.feature_column.shared_embeddings(categorical_columns, dimension, ...)`, protected: one table for all.
+
+    Raises:
+      ConfigError: no column, columns of different bucket counts (rule of TensorFlow's too), or what
+        `embedding_column` refuses.
+    """
+    columns = list(categorical_columns)
+    source = "tf_ecrec.feature_column.shared_embeddings"
+    if not columns:
+        raise ConfigError(f"categorical_columns=[]; rule: at least one categorical column; source: {source}")
+    for column in columns:
+        if not isinstance(column, (fc.CategoricalColumn, fc.fc_old._CategoricalColumn)):
+            raise ConfigError(f"categorical_columns has {column!r}; rule: categorical columns; source: {source}")
+    buckets = {column.name: _buckets(column) for column in columns}
+    if len(set(buckets.values())) != 1:
+        raise ConfigError(f"categorical_columns have the bucket counts {buckets}; rule: one count (one table); source: {source}")
+    name = shared_embedding_collection_name or "_".join(sorted(buckets)) + "_shared_embedding"
+    initializer = initializer or tf.compat.v1.truncated_normal_initializer(stddev=dimension ** -0.5)
+    out = []
+    for column in columns:
+        shared = embedding_column(column, dimension, combiner, initializer)
+        shared.shared_table = name  # read by ECEmbeddingColumn._table
+        out.append(shared)
+    return out
+
+
+def _buckets(column: Any) -> int:
+    return int(getattr(column, "num_buckets", None) or column._num_buckets)

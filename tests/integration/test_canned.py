@@ -229,3 +229,44 @@ def test_the_other_canned_estimators_a_recommender_uses_train_protected_with_par
     assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
     weights = [n for n in manifest["ec"]["replicas"] if n.startswith("linear/") and "/weights/part_" in n]
     assert len(weights) == (3 if kind == "linear_classifier" else 1) and result["replicas_checked"] > len(weights)
+
+
+def test_shared_embeddings_give_several_columns_one_protected_table(cluster, tmp_path):
+    """``tf_ecrec.feature_column.shared_embeddings``: the item and the previous item read one collection (one table of
+    ITEMS rows, striped with parity), which both features' rows move; columns of other bucket counts are refused."""
+    item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
+    previous = tf.feature_column.categorical_column_with_identity("prev_item", ITEMS)
+    columns = tf_ecrec.feature_column.shared_embeddings([item, previous], 4, combiner="sum")
+    rng = np.random.default_rng(2)
+    n = 20 * BATCH
+    features = {"item": rng.integers(0, ITEMS // 2, n).astype(np.int64),  # the lower half of the rows
+                "prev_item": rng.integers(ITEMS // 2, ITEMS, n).astype(np.int64)}  # the upper half
+    labels = (features["item"] % 2).astype(np.float32)
+    canned = tf.compat.v1.estimator.DNNClassifier(
+        [8], columns, optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)),
+        config=_run_config(cluster, tmp_path))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "variables.json")
+    first = {}
+
+    class Before(tf.estimator.SessionRunHook):
+        def after_create_session(self, session, coord):
+            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
+
+    estimator.train(lambda: tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH), max_steps=10,
+                    hooks=[VariableManifestHook(path), Before()])
+    manifest = read_manifest(path)
+    (table,) = manifest["ec"]["collections"]
+    assert table["name"] == "item_prev_item_shared_embedding", table["name"]
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    result = check_parity(manifest["ec"], live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    rows = np.concatenate([live[v] for _, v in sorted(table["data"].items(), key=lambda kv: int(kv[0]))])
+    was = np.concatenate([first[v] for _, v in sorted(table["data"].items(), key=lambda kv: int(kv[0]))])
+    moved = np.flatnonzero(np.any(rows != was, axis=1))
+    # Both features' rows moved: about ITEMS (either half alone is at most ITEMS // 2 + 1; the stored rows are the
+    # layout's chunks, so counted, not named).
+    assert len(moved) >= 80, moved
+    with pytest.raises(ConfigError, match="rule: one count"):
+        tf_ecrec.feature_column.shared_embeddings(
+            [item, tf.feature_column.categorical_column_with_identity("other", ITEMS + 1)], 4)
