@@ -106,7 +106,8 @@ class EmbeddingCollection:
       ec: the code; default: the one set by `tf_ecrec.ec_model_fn`.
       num_ps: PS tasks; default: the one set by `tf_ecrec.ec_model_fn`.
       initializer: initializer of the real rows, called with a shape
-        [rows, dim]; default uniform in [-0.05, 0.05].
+        [rows, dim]; default uniform in [-0.05, 0.05]; a `FromCheckpoint`
+        reads them from a stock table's checkpoint (one table).
       protected: False stores the tables the same way (the variables,
         layout and lookups of ``ec``) with no protection: no parity, no
         wait for rows being rebuilt, trained by a stock optimizer; the
@@ -125,7 +126,7 @@ class EmbeddingCollection:
         dim: int,
         ec: ECConfig | None = None,
         num_ps: int | None = None,
-        initializer: Callable[..., Any] | None = None,
+        initializer: Callable[..., Any] | FromCheckpoint | None = None,
         protected: bool = True,
     ) -> None:
         ctx = current_context()
@@ -186,7 +187,8 @@ class EmbeddingCollection:
                         f"ps{p}/data",
                         shape=[rows, self.dim],
                         dtype=tf.float32,
-                        initializer=_masked(init, real_rows, self.chunk_rows, p),
+                        initializer=(_from_checkpoint(init, local_chunks, self.total_rows, self.dim, p)
+                                     if isinstance(init, FromCheckpoint) else _masked(init, real_rows, self.chunk_rows, p)),
                         use_resource=True,
                     )
                 check_placed(self.data[p], p, f"the data chunks of collection {name!r}")
@@ -280,6 +282,49 @@ def exporting() -> bool:
 def _check_range(ids: tf.Tensor, limits: tf.Tensor, what: str) -> tf.Operation:
     ok = tf.reduce_all(tf.logical_and(ids >= 0, ids < limits))
     return tf.debugging.Assert(ok, [f"ids out of range for {what}: each id must be in [0, rows); ids:", ids, "rows:", limits], summarize=8)
+
+
+@dataclasses.dataclass(frozen=True)
+class FromCheckpoint:
+    """A collection's initializer: its rows are those of `tensor_name` in the checkpoint `path` (a file prefix,
+    or a directory's latest), a stock ``[rows, dim]`` table of a collection of one table (a warm start from a
+    model trained without tf_ecrec: `tf_ecrec.feature_column.embedding_column`'s ``ckpt_to_load_from``)."""
+
+    path: str
+    tensor_name: str
+
+    def prefix(self, rows: int, dim: int) -> str:
+        """The checkpoint's prefix, its tensor checked to be ``[rows, dim]`` float32 (a ConfigError names it)."""
+        prefix = tf.train.latest_checkpoint(self.path) or self.path
+        source = f"ckpt_to_load_from={self.path!r}"
+        try:
+            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+        except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as exc:
+            raise ConfigError(f"{source}: no checkpoint there ({exc}); rule: a checkpoint prefix or a directory holding "
+                              f"one; source: {source}") from exc
+        if list(shapes.get(self.tensor_name, ())) != [rows, dim]:
+            raise ConfigError(f"tensor_name_in_ckpt={self.tensor_name!r} in {prefix} has the shape "
+                              f"{shapes.get(self.tensor_name, 'missing')}; rule: the table's [rows, dim] = [{rows}, {dim}]; "
+                              f"source: {source}")
+        return prefix
+
+
+def _from_checkpoint(src: FromCheckpoint, chunks: Sequence[ChunkSpec], rows: int, dim: int, task: int) -> Callable[..., Any]:
+    """The initializer of PS `task`'s data chunks from `src`: each chunk's real rows read from the checkpoint as a slice
+    (on the PS, as TensorFlow's own warm start reads a variable's), its padding zeros."""
+    prefix = src.prefix(rows, dim)
+
+    def initializer(shape: Any, dtype: Any = tf.float32, partition_info: Any = None) -> tf.Tensor:
+        parts = []
+        with storage_device(task):
+            for chunk in chunks:
+                assert chunk.row_start is not None  # data chunks
+                (values,) = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[src.tensor_name], dtypes=[tf.float32],
+                                                 shape_and_slices=[f"{rows} {dim} {chunk.row_start},{chunk.real_rows}:-"])
+                parts.append(tf.pad(values, [[0, chunk.rows - chunk.real_rows], [0, 0]]))
+            return tf.concat(parts, axis=0)
+
+    return initializer
 
 
 def _masked(init: Callable[..., Any], real_rows: Sequence[int], chunk_rows: int, task: int) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ weights of 0 or less are dropped; an example with no id gets zeros). It serves b
 APIs: the v1 ``input_layer`` of the ``tf.compat.v1.estimator`` canned estimators and the v2
 ``DenseFeatures``. The collection is made the first time the graph reads the column, inside the
 model_fn that `tf_ecrec.ec_model_fn` wraps (its code and PS count). Not supported (a `ConfigError`
-when the graph is built): ``max_norm`` and ``ckpt_to_load_from``. ``shared_embeddings`` gives several
+when the graph is built): ``max_norm``. ``ckpt_to_load_from`` starts the table from a stock table's checkpoint. ``shared_embeddings`` gives several
 categorical columns of one bucket count one table, as `tf.feature_column.shared_embeddings` does (each
 column is then an embedding column of that table, named as an ordinary one: ``<column>_embedding``).
 """
@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.feature_column import feature_column_v2 as fc
 
-from tf_ecrec.embedding import EmbeddingCollection
+from tf_ecrec.embedding import EmbeddingCollection, FromCheckpoint
 from tf_ecrec.errors import ConfigError
 
 _COMBINERS = ("sum", "mean", "sqrtn")
@@ -54,15 +54,15 @@ class ECEmbeddingColumn(fc.EmbeddingColumn):
         key = getattr(self, "shared_table", None) or self.name  # `shared_embeddings`: one table for several columns
         if key not in tables:
             name = re.sub(r"[^A-Za-z0-9_.\-]", "_", key)
+            init = FromCheckpoint(self.ckpt_to_load_from, self.tensor_name_in_ckpt) if self.ckpt_to_load_from else None
             tables[key] = EmbeddingCollection(name, [(name, _buckets(self.categorical_column))], self.dimension,
-                                              initializer=self.initializer)
+                                              initializer=init or self.initializer)
         return tables[key]
 
     def _protected_lookup(self, sparse_tensors: Any) -> tf.Tensor:
-        if self.max_norm is not None or self.ckpt_to_load_from is not None:
-            raise ConfigError(f"embedding_column {self.name!r} has max_norm={self.max_norm!r} and ckpt_to_load_from="
-                              f"{self.ckpt_to_load_from!r}; rule: neither (not supported by a protected table); "
-                              "source: tf_ecrec.feature_column.embedding_column")
+        if self.max_norm is not None:
+            raise ConfigError(f"embedding_column {self.name!r} has max_norm={self.max_norm!r}; rule: None (not supported "
+                              "by a protected table); source: tf_ecrec.feature_column.embedding_column")
         table = self._table()
         ids, weights = sparse_tensors.id_tensor, sparse_tensors.weight_tensor
         batch = ids.dense_shape[0]
@@ -83,12 +83,19 @@ class ECEmbeddingColumn(fc.EmbeddingColumn):
 
 
 def embedding_column(categorical_column: Any, dimension: int, combiner: str = "mean", initializer: Any = None,
+                     ckpt_to_load_from: str | None = None, tensor_name_in_ckpt: str | None = None,
                      trainable: bool = True) -> ECEmbeddingColumn:
-    """`tf.feature_column.embedding_column(categorical_column, dimension, combiner, initializer)`, protected.
+    """`tf.feature_column.embedding_column(categorical_column, dimension, combiner, initializer, ckpt_to_load_from,
+    tensor_name_in_ckpt)`, protected. With both checkpoint arguments the table starts from a stock table of a
+    checkpoint (a model trained without tf_ecrec: its ``.../embedding_weights``), read into the stripes on each PS.
 
     Raises:
-      ConfigError: a dimension below 1, an unknown combiner, or a column that is not a categorical column.
+      ConfigError: a dimension below 1, an unknown combiner, a column that is not a categorical column, one of the
+        two checkpoint arguments without the other, a checkpoint or tensor that is not there or not the table's shape.
     """
+    if (ckpt_to_load_from is None) != (tensor_name_in_ckpt is None):
+        raise ConfigError(f"ckpt_to_load_from={ckpt_to_load_from!r}, tensor_name_in_ckpt={tensor_name_in_ckpt!r}; rule: "
+                          "both or neither; source: tf_ecrec.feature_column.embedding_column")
     if not isinstance(dimension, int) or dimension < 1:
         raise ConfigError(f"dimension={dimension!r}; rule: an integer >= 1; source: tf_ecrec.feature_column.embedding_column")
     if trainable is not True:
@@ -99,9 +106,12 @@ def embedding_column(categorical_column: Any, dimension: int, combiner: str = "m
     if not isinstance(categorical_column, (fc.CategoricalColumn, fc.fc_old._CategoricalColumn)):
         raise ConfigError(f"categorical_column={categorical_column!r}; rule: a categorical column (hash bucket, identity, "
                           "vocabulary, weighted); source: tf_ecrec.feature_column.embedding_column")
+    if ckpt_to_load_from is not None:  # refused here, where the user wrote it (in the graph it surfaces wrapped)
+        FromCheckpoint(ckpt_to_load_from, str(tensor_name_in_ckpt)).prefix(_buckets(categorical_column), dimension)
     return ECEmbeddingColumn(categorical_column=categorical_column, dimension=dimension, combiner=combiner,
                              initializer=initializer or tf.compat.v1.truncated_normal_initializer(stddev=dimension ** -0.5),
-                             ckpt_to_load_from=None, tensor_name_in_ckpt=None, max_norm=None, trainable=trainable)
+                             ckpt_to_load_from=ckpt_to_load_from, tensor_name_in_ckpt=tensor_name_in_ckpt, max_norm=None,
+                             trainable=trainable)
 
 
 def shared_embeddings(categorical_columns: Any, dimension: int, combiner: str = "mean", initializer: Any = None,

@@ -18,6 +18,8 @@ from tf_ecrec.errors import ConfigError
 from tf_ecrec.hooks.manifest import VariableManifestHook
 from tf_ecrec.live_cluster import read_manifest, read_variables
 from tf_ecrec.model_fn import ec_model_fn
+from tf_ecrec.placement import Layout
+from tf_ecrec.table_layout import ChunkKind
 from tf_ecrec.verify import check_parity
 
 ps_cluster = tf_cluster(num_ps=3)
@@ -270,3 +272,50 @@ def test_shared_embeddings_give_several_columns_one_protected_table(cluster, tmp
     with pytest.raises(ConfigError, match="rule: one count"):
         tf_ecrec.feature_column.shared_embeddings(
             [item, tf.feature_column.categorical_column_with_identity("other", ITEMS + 1)], 4)
+
+
+def test_a_protected_table_starts_from_a_stock_checkpoints_table(cluster, tmp_path):
+    """Issue 34 item 3, a warm start from a model trained without tf_ecrec: ``embedding_column(...,
+    ckpt_to_load_from=, tensor_name_in_ckpt=)`` reads a stock DNNClassifier's ``embedding_weights`` into the stripes
+    (each PS its chunks' rows, as slices), so every row of the protected table starts equal to the stock one, and
+    parity is encoded from them (exact after training). A tensor of another shape is refused, naming it."""
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    stock_dir = str(tmp_path / "stock")
+    with tf_config_env(None):
+        stock = tf.compat.v1.estimator.DNNClassifier(
+            [8], [tf.feature_column.embedding_column(user, 8), tf.feature_column.numeric_column("age")],
+            config=tf.estimator.RunConfig(model_dir=stock_dir, tf_random_seed=1))
+        stock.train(_input_fn(), max_steps=5)
+    name = "dnn/input_from_feature_columns/input_layer/user_embedding/embedding_weights"
+    table = tf.train.load_checkpoint(stock_dir).get_tensor(name)
+    columns = [tf_ecrec.feature_column.embedding_column(user, 8, ckpt_to_load_from=stock_dir, tensor_name_in_ckpt=name),
+               tf.feature_column.numeric_column("age")]
+    canned = tf.compat.v1.estimator.DNNClassifier(
+        [8], columns, optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)),
+        config=_run_config(cluster, tmp_path / "protected"))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "variables.json")
+    first = {}
+
+    class Before(tf.estimator.SessionRunHook):
+        def after_create_session(self, session, coord):
+            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
+
+    estimator.train(_input_fn(), max_steps=5, hooks=[VariableManifestHook(path), Before()])
+    manifest = read_manifest(path)
+    (coll,) = manifest["ec"]["collections"]
+    layout = Layout.from_json(coll["layout"]).table(coll["name"])
+    compared = 0
+    for p, var in coll["data"].items():
+        for i, chunk in enumerate(layout.chunks_on(int(p), ChunkKind.DATA)):
+            got = first[var][i * chunk.rows: i * chunk.rows + chunk.real_rows]
+            np.testing.assert_array_equal(got, table[chunk.row_start: chunk.row_start + chunk.real_rows])
+            compared += chunk.real_rows
+    assert compared == USERS
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    result = check_parity(manifest["ec"], live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    with pytest.raises(ConfigError, match=r"has the shape \[500, 8\]; rule: the table's \[rows, dim\] = \[500, 4\]"):
+        tf_ecrec.feature_column.embedding_column(user, 4, ckpt_to_load_from=stock_dir, tensor_name_in_ckpt=name)
+    with pytest.raises(ConfigError, match=r"no checkpoint there"):
+        tf_ecrec.feature_column.embedding_column(user, 8, ckpt_to_load_from=str(tmp_path / "none"), tensor_name_in_ckpt=name)
