@@ -41,7 +41,19 @@ class ECEmbeddingColumn(fc.EmbeddingColumn):
     """`tf.feature_column.embedding_column` with its table in a `tf_ecrec.EmbeddingCollection` (see the module doc)."""
 
     def create_state(self, state_manager: Any) -> None:
-        """No variable of TensorFlow's: the table is the collection, made when the graph first reads the column."""
+        """The collection's data variables as the layer's weights: a Keras model of a ``DenseFeatures`` layer
+        trains what its layers own (`model_to_estimator`), and the table is a collection, not a variable of
+        TensorFlow's. Each is handed to the state manager's own ``create_variable`` through a variable creator
+        scope, which returns it instead of a new variable (both Keras feature layers create through it)."""
+        for p, var in sorted(self._table().data.items()):
+            def existing(next_creator: Any, _var: Any = var, **kwargs: Any) -> Any:
+                return _var
+
+            # Without the canned input layer's partitioner: it would give the variable a slice name to save under.
+            with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()) as scope, \
+                    tf.compat.v1.variable_creator_scope(existing):
+                scope.set_partitioner(None)
+                state_manager.create_variable(self, f"ec_data_ps{p}", var.shape, tf.float32, trainable=True)
 
     def _get_dense_tensor_internal(self, sparse_tensors: Any, state_manager: Any) -> tf.Tensor:
         return self._protected_lookup(sparse_tensors)

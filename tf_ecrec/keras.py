@@ -46,10 +46,9 @@ job of the process's TF_CONFIG (what `RunConfig` reads).
 model_to_estimator clones the compiled model into every graph the Estimator
 builds (each train() and evaluate() call) and hands each clone the same
 optimizer object, wrapped in Keras' `TFOptimizer` with the Estimator's
-global step as its iteration counter.  An `ECOptimizer` holds the parity,
-slot and replica variables of the graph it first built, so one instance
-cannot serve two graphs; `ECKerasOptimizer` gives every graph its own
-`ECOptimizer` over the same stock optimizer.  `TFOptimizer` calls
+global step as its iteration counter.  `ECKerasOptimizer` gives every graph
+its own `ECOptimizer` over the same stock optimizer (an `ECOptimizer` makes
+its parity, slot and replica variables anew in each graph it builds).  `TFOptimizer` calls
 ``apply_gradients(grads, global_step=<the Estimator's global step>)``, which
 applies every update through the delta ops and increments the global step
 and its replicas once per step.

@@ -76,6 +76,9 @@ def test_a_canned_dnn_classifier_trains_its_embedding_columns_striped_with_parit
     assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
     assert result["stripes_checked"] == 6 and result["replicas_checked"] > 0
     assert any(np.abs(live[v]).sum() > 0 for c in tables.values() for v in c["data"].values())
+    # Saved under their own names (a canned input layer's partitioner once gave them its slice names).
+    saved = set(tf.train.load_checkpoint(str(tmp_path)).get_variable_to_shape_map())
+    assert {v for c in tables.values() for v in c["data"].values()} <= saved, sorted(saved)
 
     # Issue 34 item 3: exported with the canned estimator's usual receiver (serialized tf.Examples), it serves in a
     # process that cannot import tf_ecrec, with the trained tables' data chunks bit for bit and no parity or slot,
@@ -319,3 +322,58 @@ def test_a_protected_table_starts_from_a_stock_checkpoints_table(cluster, tmp_pa
         tf_ecrec.feature_column.embedding_column(user, 4, ckpt_to_load_from=stock_dir, tensor_name_in_ckpt=name)
     with pytest.raises(ConfigError, match=r"no checkpoint there"):
         tf_ecrec.feature_column.embedding_column(user, 8, ckpt_to_load_from=str(tmp_path / "none"), tensor_name_in_ckpt=name)
+
+
+class _DenseFeaturesModel(tf.keras.Model):
+    """A Keras model over feature columns (a ``DenseFeatures`` layer), subclassed with ``get_config`` so that
+    model_to_estimator builds it in the Estimator's graphs only (tf_ecrec.keras's rule for protected tables)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.features = tf.keras.layers.DenseFeatures(_columns())
+        self.hidden = tf.keras.layers.Dense(8, activation="relu")
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.out(self.hidden(self.features(inputs)))
+
+    def get_config(self):
+        return {}
+
+
+def test_a_keras_dense_features_model_trains_its_embedding_columns_protected_through_model_to_estimator(
+        cluster, tmp_path):
+    """Issue 34 item 2: ``tf.keras.layers.DenseFeatures`` over tf_ecrec's embedding columns in a Keras model
+    converted with model_to_estimator (its optimizer `tf_ecrec.keras.ECKerasOptimizer`): the columns' collections
+    are the layer's trainable weights, so Keras computes their gradients, and both tables train striped with parity
+    exact."""
+    from tf_ecrec.keras import ECKerasOptimizer
+
+    config = _run_config(cluster, tmp_path)
+
+    def model_fn(features, labels, mode, config):
+        with tf.Graph().as_default():
+            model = _DenseFeaturesModel()
+            model.compile(optimizer=ECKerasOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)),
+                          loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+            converted = tf.keras.estimator.model_to_estimator(keras_model=model, config=config,
+                                                             checkpoint_format="saver")
+        return converted.model_fn(features, labels, mode, config)
+
+    estimator = tf.estimator.Estimator(ec_model_fn(model_fn, ECConfig(2, 1)), config=config)
+    path = str(tmp_path / "variables.json")
+    first = {}
+
+    class Before(tf.estimator.SessionRunHook):
+        def after_create_session(self, session, coord):
+            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
+
+    estimator.train(_input_fn(), max_steps=10, hooks=[VariableManifestHook(path), Before()])
+    manifest = read_manifest(path)
+    tables = {c["name"]: c for c in manifest["ec"]["collections"]}
+    assert sorted(tables) == ["item_embedding", "user_embedding"], sorted(tables)
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    assert live["global_step"] == 10
+    result = check_parity(manifest["ec"], live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] == 6, result
+    assert all(np.any(live[v] != first[v]) for c in tables.values() for v in c["data"].values() if live[v].size)
