@@ -29,6 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.device import variable_name
+from tf_ecrec.embedding import current_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.graph_registry import GraphRegistry
 from tf_ecrec.update_rule import UpdateRule
@@ -73,6 +74,10 @@ class Deferred:
     def record(self, grads_and_vars: Sequence[tuple[Any, tf.Variable]], rule: UpdateRule,
                global_step: tf.Variable | None) -> tf.Operation:
         graph = tf.compat.v1.get_default_graph()
+        if current_context(graph) is None:  # nothing would build the recorded updates: a model that never trains
+            raise ConfigError("an ECOptimizer with parts applied gradients outside tf_ecrec.ec_model_fn; rule: its step "
+                              "is built by ec_model_fn (tf_ecrec.train / train_and_evaluate wrap the model_fn); "
+                              f"source: {_SOURCE}")
         if self.graph is not graph:  # a new graph (the Estimator builds one per mode and run): start over
             self._pairs, self._rules, self._step, self.placeholders, self.graph = [], {}, None, set(), graph
             _PENDING.add(self, graph)

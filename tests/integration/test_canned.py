@@ -185,6 +185,15 @@ def test_a_canned_wide_and_deep_trains_both_parts_with_their_own_optimizers_in_o
                                rtol=1e-5, atol=1e-6)
 
 
+def test_parts_outside_ec_model_fn_are_refused_rather_than_training_nothing():
+    """Nothing builds the updates an ECOptimizer with parts records unless ec_model_fn does: refused."""
+    with tf.Graph().as_default():
+        var = tf.compat.v1.get_variable("w", [4, 2])
+        dnn = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1), ec=ECConfig(2, 1))
+        with pytest.raises(ConfigError, match=r"outside tf_ecrec\.ec_model_fn"):
+            dnn.part(tf.compat.v1.train.FtrlOptimizer(0.1)).minimize(tf.reduce_sum(var), var_list=[var])
+
+
 def test_parts_whose_train_op_runs_something_the_step_would_not_are_refused(cluster, tmp_path):
     """With parts the protected step replaces the model_fn's train op: one that runs anything else (here a counter
     of the user's) is refused, naming the op, rather than silently dropped."""
