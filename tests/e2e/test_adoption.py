@@ -217,6 +217,18 @@ def _assert_the_exporter_serves_without_tf_ecrec(model_dir, last_step):
     assert probabilities.shape == (16,) and np.all((probabilities > 0) & (probabilities < 1)), probabilities
 
 
+def _rebuilt_by_parity_and_exact(model_dir):
+    """A launched job's report and its parity check, asserting its one recovery was by parity with 0 rolled back
+    and parity and replicas exact at the end."""
+    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    (rec,) = report["recovery"]
+    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
+    parity = report["parity"]
+    assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0 and parity["stripes_checked"] > 0, parity
+    return report, parity
+
+
 def _cli_in(cwd, *args):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     return subprocess.run([sys.executable, "-m", "tf_ecrec.cli", *args], capture_output=True, text=True,
@@ -230,12 +242,7 @@ def test_a_users_model_module_runs_under_the_launcher_with_its_faults_and_report
                    "--ec", "1+1", "--ps", "2", "--workers", "2", "--steps", "500", "--table-rows", "500",
                    "--embedding-dim", "4", "--kill", "ps:1@step=200", "--restart-delay", "1", "--quiet")
     assert done.returncode == 0, done.stderr[-4000:]
-    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
-        report = json.load(fh)
-    (rec,) = report["recovery"]
-    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
-    parity = report["parity"]
-    assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0 and parity["stripes_checked"] > 0, parity
+    report, _ = _rebuilt_by_parity_and_exact(model_dir)
     # The throughput plot beside the report (the other e2e jobs run with --no-plot: tests/conftest.py's cli).
     assert report["plot"] == os.path.join(model_dir, "report.png") and os.path.getsize(report["plot"]) > 10_000, report["plot"]
     assert f"(plot: {report['plot']})" in done.stderr
@@ -254,12 +261,7 @@ def test_the_canned_wide_and_deep_example_runs_under_the_launcher_through_a_kill
                "1+1", "--ps", "2", "--workers", "2", "--steps", "400", "--tables", "3", "--table-rows", "500",
                "--kill", "ps:1@step=200", "--restart-delay", "1", "--quiet")
     assert done.returncode == 0, done.stderr[-4000:]
-    with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
-        report = json.load(fh)
-    (rec,) = report["recovery"]
-    assert rec["method"] == "parity" and rec["steps_rolled_back"] == 0, rec
-    parity = report["parity"]
-    assert parity["mismatches"] == 0 and parity["replica_mismatches"] == 0 and parity["stripes_checked"] > 0, parity
+    report, parity = _rebuilt_by_parity_and_exact(model_dir)
     with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
         rules = json.load(fh)["ec"]["rules"]
     assert len([n for n, rule in rules.items() if "/weights/part_" in n and rule == "ftrl"]) == 4, rules  # 3 + cross

@@ -32,6 +32,18 @@ def cluster(ps_cluster):
     return ps_cluster
 
 
+def _values_at_start(manifest_path, cluster):
+    """(a dict, a hook that fills it with every variable's value on the PS once the session is made: the values
+    before the first step)."""
+    values = {}
+
+    class AtStart(tf.estimator.SessionRunHook):
+        def after_create_session(self, session, coord):
+            values.update(read_variables(read_manifest(manifest_path)["variables"], cluster.ps_addresses))
+
+    return values, AtStart()
+
+
 def _columns():
     user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
     item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
@@ -261,14 +273,9 @@ def test_shared_embeddings_give_several_columns_one_protected_table(cluster, tmp
         config=_run_config(cluster, tmp_path))
     estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
     path = str(tmp_path / "variables.json")
-    first = {}
-
-    class Before(tf.estimator.SessionRunHook):
-        def after_create_session(self, session, coord):
-            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
-
+    first, before = _values_at_start(path, cluster)
     estimator.train(lambda: tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH), max_steps=10,
-                    hooks=[VariableManifestHook(path), Before()])
+                    hooks=[VariableManifestHook(path), before])
     manifest = read_manifest(path)
     (table,) = manifest["ec"]["collections"]
     assert table["name"] == "item_prev_item_shared_embedding", table["name"]
@@ -307,13 +314,8 @@ def test_a_protected_table_starts_from_a_stock_checkpoints_table(cluster, tmp_pa
         config=_run_config(cluster, tmp_path / "protected"))
     estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
     path = str(tmp_path / "variables.json")
-    first = {}
-
-    class Before(tf.estimator.SessionRunHook):
-        def after_create_session(self, session, coord):
-            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
-
-    estimator.train(_input_fn(), max_steps=5, hooks=[VariableManifestHook(path), Before()])
+    first, before = _values_at_start(path, cluster)
+    estimator.train(_input_fn(), max_steps=5, hooks=[VariableManifestHook(path), before])
     manifest = read_manifest(path)
     (coll,) = manifest["ec"]["collections"]
     layout = Layout.from_json(coll["layout"]).table(coll["name"])
@@ -371,13 +373,8 @@ def test_a_keras_dense_features_model_trains_its_embedding_columns_protected_thr
 
     estimator = tf.estimator.Estimator(ec_model_fn(model_fn, ECConfig(2, 1)), config=config)
     path = str(tmp_path / "variables.json")
-    first = {}
-
-    class Before(tf.estimator.SessionRunHook):
-        def after_create_session(self, session, coord):
-            first.update(read_variables(read_manifest(path)["variables"], cluster.ps_addresses))
-
-    estimator.train(_input_fn(), max_steps=10, hooks=[VariableManifestHook(path), Before()])
+    first, before = _values_at_start(path, cluster)
+    estimator.train(_input_fn(), max_steps=10, hooks=[VariableManifestHook(path), before])
     manifest = read_manifest(path)
     tables = {c["name"]: c for c in manifest["ec"]["collections"]}
     assert sorted(tables) == ["item_embedding", "user_embedding"], sorted(tables)
