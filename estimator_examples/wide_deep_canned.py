@@ -6,8 +6,8 @@ feature): the linear part reads every categorical table's identity column and on
 (FTRL, the canned default); the deep part reads the 13 dense features and an embedding column per table
 (``--optimizer``, Adagrad by default, with ``--learning-rate``). With ``params["ec"]`` (``--fault-tolerance
 ecrec``) the embedding columns are `tf_ecrec.feature_column.embedding_column` (each table a collection striped
-with parity), the deep optimizer an `ECOptimizer` and the linear one its part (`ECOptimizer.part`): one protected
-step of both, the linear weights replicated. It is the canned estimator a user keeps, so it makes one collection
+with parity), the linear part's weights `tf_ecrec.feature_column.linear` (striped too), the deep optimizer an
+`ECOptimizer` and the linear one its part (`ECOptimizer.part`): one protected step of both. It is the canned estimator a user keeps, so it makes one collection
 per column where ``--model dlrm`` makes one for all tables: slower per step at 26 tables (``--tables`` reads fewer).
 
 Installed, this module is ``tf_ecrec.examples.wide_deep_canned``.
@@ -46,6 +46,8 @@ def columns(params: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     else:
         embed = tf.feature_column.embedding_column
     deep = [tf.feature_column.numeric_column(f"I{i}") for i in range(NUM_DENSE)]
+    if params.get("ec"):
+        wide = tf_ecrec.feature_column.linear(wide)
     return wide, deep + [embed(c, int(params["embedding_dim"]), combiner="sum") for c in cats]
 
 

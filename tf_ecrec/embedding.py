@@ -254,6 +254,37 @@ class EmbeddingCollection:
         stitched = tf.dynamic_stitch(positions, values)
         return tf.reshape(stitched, tf.concat([shape, [self.dim]], axis=0))
 
+    def as_partitions(self, rows: tf.Tensor) -> tuple[list[tf.Variable], tf.Tensor] | None:
+        """The data variables as TensorFlow's ``div`` partitions of one variable, and ``rows`` (logical rows, or
+        negative ids, which stay) as indices into them, ready to read: for a lookup made by TensorFlow's own
+        embedding ops (a canned linear model's weighted sum, `tf_ecrec.feature_column.linear`).  None when the
+        PS tasks hold different numbers of rows (fewer than num_ps x k rows): no ``div`` split matches.
+
+        Every PS then holds k chunks, so the variables concatenated in PS order are ``div`` partitions of equal
+        size; a row's index is its PS's offset plus its local row.  The indices wait, as `lookup` does, for rows
+        a background rebuild has not installed yet.
+        """
+        sizes = {int(v.shape[0]) for v in self.data.values()}
+        if len(self.data) != self.num_ps or len(sizes) != 1:
+            return None
+        part = sizes.pop()
+        chunks = np.arange(len(self.table_layout.chunk_ps), dtype=np.int64)
+        shift = self.table_layout.chunk_ps * part + (self.table_layout.chunk_local - chunks) * self.chunk_rows
+        rows = tf.cast(rows, tf.int64)
+        chunk = tf.maximum(rows, 0) // self.chunk_rows
+        index = tf.where(rows >= 0, rows + tf.gather(tf.constant(shift), chunk), rows)
+        variables = [self.data[p] for p in range(self.num_ps)]
+        if not self.protected or exporting() or storage_is_local():
+            return variables, index
+        # Index 0 too: TensorFlow's safe sparse lookup gives an example with no id row 0 (its result then zeroed).
+        valid = tf.concat([tf.boolean_mask(index, index >= 0), tf.zeros([1], tf.int64)], axis=0)
+        waits = []
+        for p, local in enumerate(tf.dynamic_partition(valid % part, tf.cast(valid // part, tf.int32), self.num_ps)):
+            with tf.compat.v1.device(self.data[p].device):
+                waits.append(ec_ops.await_rebuilt_rows(ec_ops.delta_log(name=f"ec_delta_log_ps{p}"), self.data[p], local))
+        with tf.control_dependencies(waits):
+            return variables, tf.identity(index)
+
     # ---- metadata ---------------------------------------------------------------------------
 
     def data_variable_of(self) -> Mapping[str, int]:

@@ -1,4 +1,4 @@
-"""Feature columns whose embedding tables are erasure-coded: ``embedding_column`` and ``shared_embeddings``.
+"""Feature columns whose tables are erasure-coded: ``embedding_column``, ``shared_embeddings`` and ``linear``.
 
     user = tf.feature_column.categorical_column_with_hash_bucket("user", 100_000)
     columns = [tf_ecrec.feature_column.embedding_column(user, 16)]        # was: tf.feature_column.embedding_column
@@ -18,18 +18,21 @@ model_fn that `tf_ecrec.ec_model_fn` wraps (its code and PS count). Not supporte
 when the graph is built): ``max_norm``. ``ckpt_to_load_from`` starts the table from a stock table's checkpoint. ``shared_embeddings`` gives several
 categorical columns of one bucket count one table, as `tf.feature_column.shared_embeddings` does (each
 column is then an embedding column of that table, named as an ordinary one: ``<column>_embedding``).
+``linear(columns)`` protects a linear model's weights (a canned estimator's wide part): see `linear`.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import weakref
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.feature_column import feature_column_v2 as fc
+from tensorflow.python.feature_column import feature_column_v2_types as fc_types
 
-from tf_ecrec.embedding import EmbeddingCollection, FromCheckpoint
+from tf_ecrec.embedding import EmbeddingCollection, FromCheckpoint, current_context
 from tf_ecrec.errors import ConfigError
 
 _COMBINERS = ("sum", "mean", "sqrtn")
@@ -151,6 +154,136 @@ def shared_embeddings(categorical_columns: Any, dimension: int, combiner: str = 
         shared = embedding_column(column, dimension, combiner, initializer)
         shared.shared_table = name  # read by ECEmbeddingColumn._table
         out.append(shared)
+    return out
+
+
+class ShardedVariable(list):  # a list: TensorFlow's sparse lookup reads a list as partitions
+    """A protected linear weight as the linear model's ``weights``: the collection's data variables, in PS order.
+
+    TensorFlow's safe sparse lookup reads a list as the ``div`` partitions of one variable. The class is named
+    as TensorFlow's own split variables are because Keras layers recognise a split variable by that class name
+    and then track each part as a weight (so the layer, and a canned model's summaries, see the data variables).
+    """
+
+
+class ECLinearColumn(fc.CategoricalColumn):
+    """A categorical column whose weights in a linear model are a protected table (see `linear`)."""
+
+    def __init__(self, categorical_column: Any) -> None:
+        self.categorical_column = categorical_column
+
+    @property
+    def name(self) -> str:
+        return str(self.categorical_column.name)
+
+    @property
+    def num_buckets(self) -> int:
+        return _buckets(self.categorical_column)
+
+    @property
+    def parse_example_spec(self) -> Any:
+        return self.categorical_column.parse_example_spec
+
+    @property
+    def parents(self) -> list[Any]:
+        return [self.categorical_column]
+
+    @property
+    def _is_v2_column(self) -> bool:
+        return bool(self.categorical_column._is_v2_column)
+
+    def __repr__(self) -> str:
+        return f"ECLinearColumn({self.categorical_column!r})"
+
+    def transform_feature(self, transformation_cache: Any, state_manager: Any) -> Any:
+        return transformation_cache.get(self.categorical_column, state_manager)
+
+    def create_state(self, state_manager: Any) -> None:
+        """Called by the linear model in the variable scope where it then creates the column's ``weights``: a
+        custom getter on that scope (this column's only) makes them the collection's data variables."""
+        self.categorical_column.create_state(state_manager)
+        ctx = current_context()
+        if ctx is None or self.num_buckets < ctx.num_ps * ctx.ec.k:  # a table too small to stripe: a stock weight
+            return
+        scope = tf.compat.v1.get_variable_scope()
+        wanted, outer, column = f"{scope.name}/weights", scope.custom_getter, self
+
+        def claim(getter: Any, name: str, *args: Any, **kwargs: Any) -> Any:  # TensorFlow passes getter= and name=
+            if outer is not None:
+                getter = functools.partial(outer, getter)
+            if name != wanted:
+                return getter(name, *args, **kwargs)
+            shape: Any = kwargs["shape"] if "shape" in kwargs else args[0]  # (buckets, units)
+            table = column._table(int(shape[1]))
+            return ShardedVariable(table.data[p] for p in range(table.num_ps))
+
+        scope.set_custom_getter(claim)
+
+    def get_sparse_tensors(self, transformation_cache: Any, state_manager: Any) -> Any:
+        pair = self.categorical_column.get_sparse_tensors(transformation_cache, state_manager)
+        table = _TABLES.get(tf.compat.v1.get_default_graph(), {}).get(self._key)
+        if table is None:  # a stock weight (a small table), or read outside a linear model
+            return pair
+        try:
+            weights = state_manager.get_variable(self, "weights")
+        except (ValueError, KeyError, AttributeError):
+            weights = None
+        if not isinstance(weights, ShardedVariable):
+            raise ConfigError(f"linear column {self.name!r} is read by something other than the linear model that "
+                              "made its weights; rule: a tf_ecrec.feature_column.linear column feeds a linear model "
+                              "only; source: tf_ecrec.feature_column.linear")
+        parts = table.as_partitions(pair.id_tensor.values)
+        if parts is None:
+            raise ConfigError(f"linear column {self.name!r}: its table's PS tasks hold different row counts; source: "
+                              "tf_ecrec.feature_column.linear")
+        ids = tf.SparseTensor(pair.id_tensor.indices, parts[1], pair.id_tensor.dense_shape)
+        return fc.CategoricalColumn.IdWeightPair(ids, pair.weight_tensor)
+
+    @property
+    def _key(self) -> str:
+        return f"{self.name}/linear"
+
+    def _table(self, units: int) -> EmbeddingCollection:
+        tables = _TABLES.setdefault(tf.compat.v1.get_default_graph(), {})
+        if self._key not in tables:
+            name = re.sub(r"[^A-Za-z0-9_.\-]", "_", self.name) + "_linear"
+            tables[self._key] = EmbeddingCollection(name, [(name, self.num_buckets)], units,
+                                                    initializer=tf.compat.v1.zeros_initializer())
+        return tables[self._key]
+
+    def get_config(self) -> dict[str, Any]:
+        from tensorflow.python.feature_column import serialization  # pylint: disable=import-outside-toplevel
+
+        return {"categorical_column": serialization.serialize_feature_column(self.categorical_column)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None, columns_by_name: Any = None) -> Any:
+        from tensorflow.python.feature_column import serialization  # pylint: disable=import-outside-toplevel
+
+        return cls(serialization.deserialize_feature_column(config["categorical_column"], custom_objects,
+                                                            columns_by_name))
+
+
+def linear(columns: Any) -> list[Any]:
+    """A linear model's feature columns with the weights of each categorical one (hashed, identity, vocabulary,
+    bucketized, crossed, weighted) protected: striped over the PS tasks with parity, as an embedding table of
+    width ``units``, and read by TensorFlow's own weighted sum. Dense columns, and categorical ones of fewer
+    than num_ps x k buckets, keep stock weights (dense variables: replicated).
+
+        wide = tf_ecrec.feature_column.linear(wide)     # the linear_feature_columns of a canned estimator
+
+    Raises:
+      ConfigError: an item that is not a feature column of TensorFlow's v2 API.
+    """
+    out = []
+    for column in list(columns):
+        if isinstance(column, fc.CategoricalColumn) and getattr(column, "_is_v2_column", False):
+            out.append(column if isinstance(column, ECLinearColumn) else ECLinearColumn(column))
+        elif isinstance(column, fc_types.FeatureColumn) and getattr(column, "_is_v2_column", False):
+            out.append(column)
+        else:
+            raise ConfigError(f"columns has {column!r}; rule: feature columns of tf.feature_column (the v2 API); "
+                              "source: tf_ecrec.feature_column.linear")
     return out
 
 

@@ -38,7 +38,7 @@ def columns():
     wide = [education, occupation, age_buckets, tf.feature_column.crossed_column(["education", "occupation"], 10000),
             tf.feature_column.crossed_column([age_buckets, "education", "occupation"], 10000)]
     deep = [age, hours] + [tf_ecrec.feature_column.embedding_column(c, 8) for c in (education, occupation)]
-    return wide, deep
+    return tf_ecrec.feature_column.linear(wide), deep
 
 
 def main():

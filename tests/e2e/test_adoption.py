@@ -130,8 +130,8 @@ def test_a_canned_wide_and_deep_adopted_in_a_few_lines_survives_a_killed_ps_and_
     DNNLinearCombinedClassifier over numeric, bucketized, vocabulary, hashed and crossed columns, train_and_evaluate
     with an exporter) adopted with the lines docs/adoption.md shows (wide_deep_canned_protected.py), one process per
     task under its own TF_CONFIG. ps:1 SIGKILLed mid-training and restarted is rebuilt from parity with 0 steps
-    rolled back; both tables striped, the linear part's weights replicated under FTRL, parity and replicas exact at
-    the end; the evaluator's AUC at least the stock script's less 0.05, trained locally on the same data at the same
+    rolled back; both tables and the linear part's weights striped (the weights under FTRL), parity and replicas
+    exact at the end; the evaluator's AUC at least the stock script's less 0.05, trained locally on the same data at the same
     time; the exporter's SavedModel serves in a process without tf_ecrec, holding the checkpoint's values."""
     model_dir, stock_dir = str(tmp_path / "model"), str(tmp_path / "stock")
     stock = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "wide_deep_canned.py"), "--model_dir", stock_dir,
@@ -156,12 +156,14 @@ def test_a_canned_wide_and_deep_adopted_in_a_few_lines_survives_a_killed_ps_and_
                             env=job.env, timeout=300)
         assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
         result = json.loads(verify.stdout)
-        assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] == 6, result
         with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
             ec_meta = json.load(fh)["ec"]
-        linear = [n for n in ec_meta["replicas"] if n.startswith("linear/") and "/weights/part_" in n]
-        assert len(linear) >= 5 and {ec_meta["rules"][n] for n in linear} == {"ftrl"}, ec_meta["rules"]
-        assert result["replicas_checked"] >= len(linear), result
+        # The wide part's five categorical columns (vocabulary, hashed, bucketized, two crossed): striped tables.
+        linear = [c for c in ec_meta["collections"] if c["name"].endswith("_linear")]
+        assert len(linear) == 5 and {ec_meta["rules"][v] for c in linear for v in c["data"].values()} == {"ftrl"}, (
+            ec_meta["collections"], ec_meta["rules"])
+        assert not [n for n in ec_meta["replicas"] if "/weights" in n], ec_meta["replicas"]
+        assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] == 6 + 15, result
         out, _ = stock.communicate(timeout=600)
         assert stock.returncode == 0, out[-3000:]
         (stock_auc,) = re.findall(r"'auc': (?:np\.float32\()?([0-9.]+)", out)
@@ -254,8 +256,8 @@ def test_a_users_model_module_runs_under_the_launcher_with_its_faults_and_report
 def test_the_canned_wide_and_deep_example_runs_under_the_launcher_through_a_killed_ps(tmp_path):
     """Issue 34 item 2: ``tf-ecrec run --model wide_deep_canned`` trains TensorFlow's canned wide and deep over the
     launcher's data (its linear part's FTRL as a part of the deep part's ECOptimizer): ps:1 killed and restarted is
-    rebuilt by parity with 0 steps rolled back, parity exact on the tables' stripes and on the linear part's
-    replicas, every record trained."""
+    rebuilt by parity with 0 steps rolled back, parity exact on the stripes of the tables and of the linear part's
+    weights, every record trained."""
     model_dir = str(tmp_path / "run")
     done = cli("run", "--model", "wide_deep_canned", "--model-dir", model_dir, "--fault-tolerance", "ecrec", "--ec",
                "1+1", "--ps", "2", "--workers", "2", "--steps", "400", "--tables", "3", "--table-rows", "500",
@@ -264,8 +266,9 @@ def test_the_canned_wide_and_deep_example_runs_under_the_launcher_through_a_kill
     report, parity = _rebuilt_by_parity_and_exact(model_dir)
     with open(os.path.join(model_dir, "variables.json"), encoding="utf-8") as fh:
         rules = json.load(fh)["ec"]["rules"]
-    assert len([n for n, rule in rules.items() if "/weights/part_" in n and rule == "ftrl"]) == 4, rules  # 3 + cross
-    assert parity["replicas_checked"] >= 4, parity
+    assert len([n for n, rule in rules.items() if n.endswith("/data") and "_linear/" in n and rule == "ftrl"]) == 4 * 2, (
+        rules)  # 3 tables + the cross, on 2 PS each
+    assert parity["stripes_checked"] == 7 * 2, parity  # 3 embedding and 4 linear tables, 2 stripes each
     data = report["data"]
     assert data["records_trained"] == data["records_total"] and data["records_retrained"] == 0, data
 

@@ -383,3 +383,84 @@ def test_a_keras_dense_features_model_trains_its_embedding_columns_protected_thr
     result = check_parity(manifest["ec"], live)
     assert result["mismatches"] == 0 and result["replica_mismatches"] == 0 and result["stripes_checked"] == 6, result
     assert all(np.any(live[v] != first[v]) for c in tables.values() for v in c["data"].values() if live[v].size)
+
+
+def _table_rows(coll, values):
+    """A collection's one table, row by row, from its data variables' values (each PS's chunks stacked)."""
+    layout = Layout.from_json(coll["layout"]).table(coll["name"])
+    rows = np.zeros([layout.spec.rows, layout.spec.dim], np.float32)
+    for p, var in coll["data"].items():
+        for i, chunk in enumerate(layout.chunks_on(int(p), ChunkKind.DATA)):
+            rows[chunk.row_start: chunk.row_start + chunk.real_rows] = values[var][i * chunk.rows: i * chunk.rows + chunk.real_rows]
+    return rows
+
+
+def test_a_linear_models_weights_are_striped_with_parity_and_train_as_stock_ones_do(cluster, tmp_path):
+    """Issue 34 item 1, the wide part's weights: ``tf_ecrec.feature_column.linear(columns)`` makes the weights of
+    each categorical column of a canned linear model (hashed, identity, crossed) a protected table of width 1,
+    striped with parity and trained by FTRL with its slots; a column too small to stripe keeps a stock weight.
+    The oracle: a stock LinearClassifier trained on the same batches without tf_ecrec (no cluster) ends with the
+    same weights, row for row, to float rounding (the replicated stock weight of the small column differs from the
+    stock run's in its last bits too, so those bits are not the stripes'; a row read or updated through the wrong
+    partition would differ by the weight itself). Exported, the protected model serves without tf_ecrec what the
+    stock model predicts."""
+    user = tf.feature_column.categorical_column_with_hash_bucket("user", USERS)
+    item = tf.feature_column.categorical_column_with_identity("item", ITEMS)
+    small = tf.feature_column.categorical_column_with_identity("small", 4)  # 4 < 3 PS x k: a stock weight
+    columns = [user, item, tf.feature_column.crossed_column(["user", item], 1000), small]
+    data = _input_fn()
+
+    def input_fn():
+        return data().map(lambda f, y: ({**f, "small": f["item"] % 4}, y))
+
+    stock_dir = str(tmp_path / "stock")
+    with tf_config_env(None):
+        stock = tf.compat.v1.estimator.LinearClassifier(
+            columns, optimizer=tf.compat.v1.train.FtrlOptimizer(0.1), config=tf.estimator.RunConfig(
+                model_dir=stock_dir, tf_random_seed=3))
+        stock.train(input_fn, max_steps=12)
+    canned = tf.compat.v1.estimator.LinearClassifier(
+        tf_ecrec.feature_column.linear(columns), optimizer=tf_ecrec.ECOptimizer(tf.compat.v1.train.FtrlOptimizer(0.1)),
+        config=_run_config(cluster, tmp_path / "protected"))
+    estimator = tf.estimator.Estimator(ec_model_fn(canned.model_fn, ECConfig(2, 1)), config=canned.config)
+    path = str(tmp_path / "protected" / "variables.json")  # where offline_estimator reads it
+    estimator.train(input_fn, max_steps=12, hooks=[VariableManifestHook(path)])
+    manifest = read_manifest(path)
+    meta = manifest["ec"]
+    live = read_variables(manifest["variables"], cluster.ps_addresses)
+    assert live["global_step"] == 12
+    tables = {c["name"]: c for c in meta["collections"]}
+    assert sorted(tables) == ["item_X_user_linear", "item_linear", "user_linear"], sorted(tables)
+    assert {meta["rules"].get(v, meta["optimizer"]) for c in tables.values() for v in c["data"].values()} == {"ftrl"}
+    result = check_parity(meta, live)
+    assert result["mismatches"] == 0 and result["replica_mismatches"] == 0, result["mismatched"]
+    assert result["stripes_checked"] == 9, result
+    assert [n for n in meta["replicas"] if "/weights" in n] == ["linear/linear_model/small/weights/part_0"], meta["replicas"]
+    reader = tf.train.load_checkpoint(stock_dir)
+    for column, table in (("user", "user_linear"), ("item", "item_linear"), ("item_X_user", "item_X_user_linear")):
+        want = reader.get_tensor(f"linear/linear_model/{column}/weights")
+        assert np.abs(want).sum() > 0, column  # trained: the comparison below is not of zeros
+        np.testing.assert_allclose(_table_rows(tables[table], live), want, rtol=1e-5, atol=1e-7, err_msg=column)
+    np.testing.assert_allclose(live["linear/linear_model/small/weights/part_0"],
+                               reader.get_tensor("linear/linear_model/small/weights"), rtol=1e-5, atol=1e-7)
+    receiver = tf.estimator.export.build_parsing_serving_input_receiver_fn(
+        tf.feature_column.make_parse_example_spec(columns))
+    offline = tf_ecrec.offline_estimator(canned)
+    export = offline.export_saved_model(str(tmp_path / "export"), receiver).decode()
+    feature = tf.train.Feature
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "user": feature(bytes_list=tf.train.BytesList(value=[b"u7"])),
+        "item": feature(int64_list=tf.train.Int64List(value=[3])),
+        "small": feature(int64_list=tf.train.Int64List(value=[3]))})).SerializeToString()
+    (got,) = serve_without_tf_ecrec([export], {"examples": np.array([example], dtype=object)}, str(tmp_path)).values()
+    with tf_config_env(None):
+        want = next(stock.predict(lambda: tf.data.Dataset.from_tensors(
+            {"user": np.array([b"u7"]), "item": np.array([3], np.int64), "small": np.array([3], np.int64)}),
+            yield_single_examples=False))
+    np.testing.assert_allclose(np.asarray(got["outputs"]["scores"], np.float32)[:, 1], want["probabilities"][:, 1],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_linear_refuses_what_is_not_a_v2_feature_column():
+    with pytest.raises(ConfigError, match=r"rule: feature columns of tf.feature_column \(the v2 API\)"):
+        tf_ecrec.feature_column.linear(["user"])
