@@ -105,8 +105,8 @@ def embedding_column(categorical_column: Any, dimension: int, combiner: str = "m
     checkpoint (a model trained without tf_ecrec: its ``.../embedding_weights``), read into the stripes on each PS.
 
     Raises:
-      ConfigError: a dimension below 1, an unknown combiner, a column that is not a categorical column, one of the
-        two checkpoint arguments without the other, a checkpoint or tensor that is not there or not the table's shape.
+      ConfigError: a dimension below 1, an unknown combiner, a column that is not a categorical column, a vocabulary
+        file that is missing, one of the two checkpoint arguments without the other, a checkpoint or tensor that is not there or not the table's shape.
     """
     if (ckpt_to_load_from is None) != (tensor_name_in_ckpt is None):
         raise ConfigError(f"ckpt_to_load_from={ckpt_to_load_from!r}, tensor_name_in_ckpt={tensor_name_in_ckpt!r}; rule: "
@@ -121,6 +121,7 @@ def embedding_column(categorical_column: Any, dimension: int, combiner: str = "m
     if not isinstance(categorical_column, (fc.CategoricalColumn, fc.fc_old._CategoricalColumn)):
         raise ConfigError(f"categorical_column={categorical_column!r}; rule: a categorical column (hash bucket, identity, "
                           "vocabulary, weighted); source: tf_ecrec.feature_column.embedding_column")
+    _check_vocabulary(categorical_column, "tf_ecrec.feature_column.embedding_column")
     if ckpt_to_load_from is not None:  # refused here, where the user wrote it (in the graph it surfaces wrapped)
         FromCheckpoint(ckpt_to_load_from, str(tensor_name_in_ckpt)).prefix(_buckets(categorical_column), dimension)
     return ECEmbeddingColumn(categorical_column=categorical_column, dimension=dimension, combiner=combiner,
@@ -273,11 +274,12 @@ def linear(columns: Any) -> list[Any]:
         wide = tf_ecrec.feature_column.linear(wide)     # the linear_feature_columns of a canned estimator
 
     Raises:
-      ConfigError: an item that is not a feature column of TensorFlow's v2 API.
+      ConfigError: an item that is not a feature column of TensorFlow's v2 API, a vocabulary file that is missing.
     """
     out = []
     for column in list(columns):
         if isinstance(column, fc.CategoricalColumn) and getattr(column, "_is_v2_column", False):
+            _check_vocabulary(column, "tf_ecrec.feature_column.linear")
             out.append(column if isinstance(column, ECLinearColumn) else ECLinearColumn(column))
         elif isinstance(column, fc_types.FeatureColumn) and getattr(column, "_is_v2_column", False):
             out.append(column)
@@ -285,6 +287,18 @@ def linear(columns: Any) -> list[Any]:
             raise ConfigError(f"columns has {column!r}; rule: feature columns of tf.feature_column (the v2 API); "
                               "source: tf_ecrec.feature_column.linear")
     return out
+
+
+def _check_vocabulary(column: Any, source: str) -> None:
+    """A vocabulary file a column (or a column it is built on) reads must be there: refused where the user wrote
+    the column, not as a table initializer's NotFoundError inside the first session."""
+    for col in [column, *getattr(column, "parents", [])]:
+        path = getattr(col, "vocabulary_file", None)
+        if isinstance(col, fc_types.FeatureColumn) and col is not column:
+            _check_vocabulary(col, source)
+        elif path is not None and not tf.io.gfile.exists(path):
+            raise ConfigError(f"column {col.name!r} reads vocabulary_file={path!r}, which does not exist; rule: an "
+                              f"existing vocabulary file; source: {source}")
 
 
 def _buckets(column: Any) -> int:

@@ -4,6 +4,8 @@ trained on an in-process PS cluster."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -461,6 +463,18 @@ def test_a_linear_models_weights_are_striped_with_parity_and_train_as_stock_ones
                                rtol=1e-5, atol=1e-6)
 
 
-def test_linear_refuses_what_is_not_a_v2_feature_column():
+def test_protected_columns_refuse_what_they_cannot_protect_where_the_user_wrote_it(tmp_path):
+    """Issue 34 item 5: not a v2 feature column; a vocabulary file that is not there (directly or under a weighted
+    column), named with the rule, rather than a table initializer's NotFoundError in the first session."""
     with pytest.raises(ConfigError, match=r"rule: feature columns of tf.feature_column \(the v2 API\)"):
         tf_ecrec.feature_column.linear(["user"])
+    missing = str(tmp_path / "vocab.txt")
+    vocab = tf.feature_column.categorical_column_with_vocabulary_file("v", missing, vocabulary_size=10)
+    weighted = tf.feature_column.weighted_categorical_column(vocab, "w")
+    for make in (lambda c: tf_ecrec.feature_column.linear([c]), lambda c: tf_ecrec.feature_column.embedding_column(c, 4)):
+        for column in (vocab, weighted):
+            with pytest.raises(ConfigError, match=rf"reads vocabulary_file='{re.escape(missing)}', which does not exist"):
+                make(column)
+    with open(missing, "w", encoding="utf-8") as fh:
+        fh.write("".join(f"t{i}\n" for i in range(10)))
+    assert len(tf_ecrec.feature_column.linear([weighted])) == 1
