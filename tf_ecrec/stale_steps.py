@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -96,3 +96,18 @@ class StaleSteps:
                 if w:
                     waiting.add(int(s))
         return age, waiting
+
+
+def session_waves(sess: Any, entries: Sequence[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+    """`entries` ((target, feeds) each) grouped into session calls of at most one entry per target, a
+    target's in the order given; one per call where a distinct call costs a trace (`FunctionSession`)."""
+    if not getattr(sess, "batches_settlement", True):
+        return [[entry] for entry in entries]
+    calls: list[list[tuple[int, Any]]] = []
+    depth: dict[int, int] = {}
+    for entry in entries:
+        i = depth[entry[0]] = depth.get(entry[0], -1) + 1
+        if i == len(calls):
+            calls.append([])
+        calls[i].append(entry)
+    return calls

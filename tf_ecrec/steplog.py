@@ -1,20 +1,18 @@
 """Steps that can be cut anywhere: delta logs, the two-round commit, and settlement.
 
-The protocol, its invariants and the case-by-case argument are in ``docs/settlement.md``; the
-code follows it. A step of `ECOptimizer` (one ``session.run``, one step id whose top bits carry the
-trainer's cluster generation) appends each logged write to its PS's delta log atomically with the
-write: 1. apply on each data PS (entries of a variable in update order, their ``seq``); 2. fold of
-each apply's delta into its parities and replicas (tagged with the apply's seq); 3. count; 4. commit
-round 1 on the data PS tasks, in apply order per variable (`delta_log_commit_in_order`); 5. commit
+The protocol, its invariants and the case-by-case argument are in ``docs/settlement.md``; the code follows it. A step
+of `ECOptimizer` (one ``session.run``, one step id whose top bits carry the trainer's cluster generation) appends each
+logged write to its PS's delta log atomically with the write: 1. apply on each data PS (entries of a variable in update
+order, their ``seq``); 2. fold of each apply's delta into its parities and replicas (tagged with the apply's seq); 3.
+count; 4. commit round 1 on the data PS tasks, in apply order per variable (`delta_log_commit_in_order`); 5. commit
 round 2 everywhere, refused for a fenced step.
 
-`Reconciler.settle` (on the chief, one at a time per process) brings the logs to a state with
-nothing in flight: A. fence the pending steps; B. roll each lost variable's folds back to its
-committed prefix on every surviving parity; C. finish or undo (whole) each pending step on the
-survivors; D. commit, round 1 then round 2. Every action is logged under the step's sid or removes
-its entry, so a rerun after a crash anywhere gives the same result. `Reconciler.settle_stale` does
-it, while training goes on, for steps a dead task left (pending longer than `STALE_SECS` and not
-waiting behind another); `Reconciler.settle_left_behind` for those pending when a trainer ends.
+`Reconciler.settle` (on the chief, one at a time per process) brings the logs to a state with nothing in flight: A.
+fence the pending steps; B. roll each lost variable's folds back to its committed prefix on every surviving parity; C.
+finish or undo (whole) each pending step on the survivors; D. commit, round 1 then round 2. Every action is logged
+under the step's sid or removes its entry, so a rerun after a crash anywhere gives the same result.
+`Reconciler.settle_stale` does it, while training goes on, for steps a dead task left (pending longer than `STALE_SECS`
+and not waiting behind another); `Reconciler.settle_left_behind` for those pending when a trainer ends.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.stale_steps import STALE_SECS, SettleReport, StaleSteps  # noqa: F401 (re-exported)
+from tf_ecrec.stale_steps import STALE_SECS, SettleReport, StaleSteps, session_waves  # noqa: F401 (STALE_SECS re-exported)
 from tf_ecrec.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
@@ -51,21 +49,6 @@ def feeds(*pairs: tuple[Any, Any]) -> Any:
     if any(getattr(getattr(key, "graph", None), "building_function", False) for key, _ in pairs):
         return FeedPairs(pairs)
     return dict(pairs)
-
-
-def _calls(sess: Any, entries: Sequence[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
-    """`entries` ((target, feeds) each) grouped into session calls of at most one entry per target, a
-    target's in the order given; one per call where a distinct call costs a trace (`FunctionSession`)."""
-    if not getattr(sess, "batches_settlement", True):
-        return [[entry] for entry in entries]
-    calls: list[list[tuple[int, Any]]] = []
-    depth: dict[int, int] = {}
-    for entry in entries:
-        i = depth[entry[0]] = depth.get(entry[0], -1) + 1
-        if i == len(calls):
-            calls.append([])
-        calls[i].append(entry)
-    return calls
 
 
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
@@ -203,10 +186,10 @@ class Reconciler(StaleSteps):
         snaps = self._snapshots(sess, alive)
         pending_set = set(pending)
         round2 = {int(c) for s in snaps.values() for c in s.committed}
-        # Done: committed by round 2 somewhere alive, or by round 1 somewhere alive when no data PS was
-        # lost (its folds and count are then complete).  With a data PS lost, a step round-1 committed
-        # only on some PS tasks is not done: B rolls its lost part back, and C undoes the rest whole
-        # (round 1 leaves its applies in the logs until round 2 for that).
+        # Done: committed by round 2 somewhere alive, or by round 1 somewhere alive when no data PS was lost (its folds
+        # and count are then complete).  With a data PS lost, a step round-1 committed only on some PS tasks is not
+        # done: B rolls its lost part back, and C undoes the rest whole (round 1 leaves its applies in the logs until
+        # round 2 for that).
         lost_sources = {tid for tid, t in self.targets.items() if t.kind == TargetKind.DATA and t.ps in lost}
         done = {
             sid for sid in pending
@@ -217,10 +200,10 @@ class Reconciler(StaleSteps):
         if lost_sources:
             report.rolled_back, tops = self._roll_back_lost_sources(sess, snaps, lost_sources, pending_set, round2)
             snaps = self._snapshots(sess, alive)
-        # C. settle each step on the survivors: first, while any can be, the steps to undo whose every apply
-        # is the newest of its variable, one at a time (a trainer's step may have applied a variable after
-        # its previous step, whose commit it carries: undoing the later one makes the earlier one newest, so
-        # that it is undone whole too); then the others, finished (or undone where each apply is newest).
+        # C. settle each step on the survivors: first, while any can be, the steps to undo whose every apply is the
+        # newest of its variable, one at a time (a trainer's step may have applied a variable after its previous step,
+        # whose commit it carries: undoing the later one makes the earlier one newest, so that it is undone whole too);
+        # then the others, finished (or undone where each apply is newest).
         entries = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid in pending_set]
         mine = {sid: [(p, e) for p, e in entries if e.sid == sid] for sid in pending}
         keeps = {sid: self._keeps(mine[sid], tops) for sid in pending}
@@ -309,8 +292,8 @@ class Reconciler(StaleSteps):
         self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], sid: int,
         mine: list[tuple[int, ec_ops.DeltaLogEntry]], alive: list[int], keep: bool,
     ) -> bool:
-        """Finishes (`keep`) or undoes one uncommitted step on the survivors, an update that is not
-        the newest of its variable being finished in any case; True if it was wholly undone."""
+        """Finishes (`keep`) or undoes one uncommitted step on the survivors, an update that is not the newest of its
+        variable being finished in any case; True if it was wholly undone."""
         applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.EntryKind.APPLY), key=lambda pe: -pe[1].seq)
         # Whole: undone only if every apply of it is the newest of its variable (else finished), so a
         # step that another overtook on one variable is not undone on the others.
@@ -321,15 +304,19 @@ class Reconciler(StaleSteps):
         if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
                                             [(e.target, e.seq) for _p, e in applies]):
             applies = []  # every apply undone, each after its folds
+        counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
+        adds = [self._add[tid] for tid, t in sorted(self.targets.items()) if t.kind == TargetKind.COUNTER and t.ps in alive]
         if keep and applies:
-            self._fold_all(sess, sid, [f for _p, e in applies for f in self._folds_to_finish(e, alive)])
-            all_undone, applies = False, []  # every apply finished
+            # Finished whole: its count's missing increments ride the last call of its folds (one session call
+            # fewer per step; counted before folded is a state every step is in until its fold round).
+            self._fold_all(sess, sid, [f for _p, e in applies for f in self._folds_to_finish(e, alive)],
+                           also=adds if counts else [])
+            return False
         for _p, e in applies:  # one at a time: each undone where it still can be, else finished
             if not keep and self._undo_apply(sess, e, folds_of[e.target]):
                 continue
             all_undone = False
             self._fold_all(sess, sid, self._folds_to_finish(e, alive))
-        counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
         if not counts:
             return all_undone
         if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):
@@ -340,7 +327,7 @@ class Reconciler(StaleSteps):
         # Counted on every copy (the missing increments made, deduplicated): the step was finished, or
         # it was undone but another step counted after it (the global step then runs one ahead of the
         # whole steps; every variable still holds whole updates only, and the copies agree).
-        if adds := [self._add[tid] for tid, t in sorted(self.targets.items()) if t.kind == TargetKind.COUNTER and t.ps in alive]:
+        if adds:
             sess.run(adds, feeds((self._sid, sid)))
         return all_undone
 
@@ -359,9 +346,9 @@ class Reconciler(StaleSteps):
             return False  # a later update of the variable came in meanwhile: finish instead
 
     def _undo_together(self, sess: tf.compat.v1.Session, folds: list[tuple[int, int]], applies: list[tuple[int, int]]) -> bool:
-        """Undoes a step's `folds`, then its `applies` ((target, seq) each), in a few session calls; False if
-        an apply could not be undone (a later update of its variable came in): then some may have been, and
-        the caller goes on one apply at a time (an undo of an entry no longer there does nothing)."""
+        """Undoes a step's `folds`, then its `applies` ((target, seq) each), in a few session calls; False if an apply
+        could not be undone (a later update of its variable came in): then some may have been, and the caller goes on
+        one apply at a time (an undo of an entry no longer there does nothing)."""
         self._undo_all(sess, folds)
         try:
             self._undo_all(sess, applies)
@@ -370,11 +357,11 @@ class Reconciler(StaleSteps):
             return False
 
     def _undo_all(self, sess: tf.compat.v1.Session, entries: Sequence[tuple[int, int]]) -> None:
-        """Undoes the log entries `entries` ((target, seq); a target's in the order to undo them) in as few
-        session calls as their targets allow, each undoing at most one entry of a target: a session call
-        costs a round trip, and a settlement undoes tens of entries per step in flight (the recovery's
-        settle phase).  Raises as the undo that fails does; entries of earlier calls stay undone."""
-        for wave in _calls(sess, entries):
+        """Undoes the log entries `entries` ((target, seq); a target's in the order to undo them) in as few session
+        calls as their targets allow, each undoing at most one entry of a target: a session call costs a round trip,
+        and a settlement undoes tens of entries per step in flight (the recovery's settle phase).  Raises as the undo
+        that fails does; entries of earlier calls stay undone."""
+        for wave in session_waves(sess, entries):
             sess.run([self._undo[t] for t, _ in wave], feeds(*((self._seq_of[t], seq) for t, seq in wave)))
 
     def _folds_to_finish(self, e: ec_ops.DeltaLogEntry, alive: list[int]) -> list[tuple[int, tuple[Any, ...]]]:
@@ -383,16 +370,20 @@ class Reconciler(StaleSteps):
         return [(target, (rows, delta, coef, e.target, e.seq))
                 for target, rows, delta, coef in self._expected(e.target, e.rows, e.delta) if self.targets[target].ps in alive]
 
-    def _fold_all(self, sess: tf.compat.v1.Session, sid: int, folds: list[tuple[int, tuple[Any, ...]]]) -> None:
+    def _fold_all(self, sess: tf.compat.v1.Session, sid: int, folds: list[tuple[int, tuple[Any, ...]]],
+                  also: Sequence[Any] = ()) -> None:
         """Makes step `sid`'s `folds` (from `_folds_to_finish`), one of a target per session call (a fold is
-        commutative, and a replica has one source)."""
-        for wave in _calls(sess, folds):
+        commutative, and a replica has one source); the ops `also` (of `sid` too) run in the last call."""
+        waves = session_waves(sess, folds)
+        if also and (not waves or not getattr(sess, "batches_settlement", True)):
+            waves.append([])  # a call of their own (unbatched: one kind of call per trace, `FunctionSession`)
+        for i, wave in enumerate(waves):
             pairs = [(self._sid, sid)] + [pair for t, values in wave for pair in zip(self._fold_feeds[t], values)]
-            sess.run([self._fold[t] for t, _ in wave], feeds(*pairs))
+            sess.run([self._fold[t] for t, _ in wave] + (list(also) if i == len(waves) - 1 else []), feeds(*pairs))
 
     def _on_every(self, sess: tf.compat.v1.Session, ops: dict[int, Any], alive: list[int], sids: Sequence[int]) -> None:
-        """Runs the per-log op `ops[p]` for `sids` on every alive log in one session call (a new session
-        registers a graph on each PS per distinct call: one call, not one per PS)."""
+        """Runs the per-log op `ops[p]` for `sids` on every alive log in one session call (a new session registers a
+        graph on each PS per distinct call: one call, not one per PS)."""
         sess.run([ops[p] for p in alive], feeds((self._sids, sids)))
 
     def _snapshots(self, sess: tf.compat.v1.Session, alive: list[int]) -> dict[int, ec_ops.DeltaLogSnapshot]:

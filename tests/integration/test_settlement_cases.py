@@ -127,7 +127,7 @@ def test_case3_a_step_fenced_by_settlement_fails_at_commit_and_is_not_acknowledg
     assert seq.stats.violations == []
 
 
-@pytest.mark.parametrize("crash_after", [0, 4, 8, 11])  # of its 12 calls (a call fewer: the test fails)
+@pytest.mark.parametrize("crash_after", [0, 4, 8, 10])  # of its 11 calls (a call fewer: the test fails)
 def test_case4_settlement_cut_anywhere_and_run_again_gives_the_same_result(cluster, crash_after):
     seq = Sequence(cluster.target("chief"), 29, k=2, r=2, num_ps=4, workers=2, ticks=0)
     with seq.start():
