@@ -25,4 +25,10 @@ def run(flags: Sequence[str], model_dir: str, what: str, env: dict[str, str] | N
     with open(os.path.join(model_dir, "report.json"), encoding="utf-8") as fh:
         report: dict[str, Any] = json.load(fh)
     report["wall_seconds"] = time.time() - started
+    if not os.environ.get("TF_ECREC_BENCH_KEEP_CHECKPOINTS"):
+        # A run's checkpoints (its report keeps what they showed): at 1.3 GB of tables a sweep of checkpointed
+        # configurations leaves tens of GB otherwise, enough to fill a disk and fail the next job's final save.
+        for name in os.listdir(model_dir):
+            if name.startswith("model.ckpt-"):
+                os.remove(os.path.join(model_dir, name))
     return report
