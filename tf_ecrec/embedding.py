@@ -238,52 +238,46 @@ class EmbeddingCollection:
         values = []
         for p in range(self.num_ps):
             if p in self.data:
-                var = self.data[p]
-                if not self.protected or exporting() or storage_is_local():
-                    # Read only (a SavedModel, an evaluator, an exporter): stock gathers, no op of ours.
-                    values.append(tf.gather(var, locals_[p]))
-                    continue
-                with tf.compat.v1.device(var.device):
-                    # Rows of a PS being rebuilt in the background are there before they are read
-                    # (the wait asks the rebuild for them; a no-op otherwise): tf_ecrec.rebuild.
-                    ready = ec_ops.await_rebuilt_rows(ec_ops.delta_log(name=f"ec_delta_log_ps{p}"), var, locals_[p])
-                with tf.control_dependencies([ready]):
-                    values.append(tf.gather(var, locals_[p]))
+                with tf.control_dependencies(self._await_rows(p, locals_[p])):
+                    values.append(tf.gather(self.data[p], locals_[p]))
             else:  # a PS without data chunks of this collection gets no ids
                 values.append(tf.zeros([0, self.dim], tf.float32))
         stitched = tf.dynamic_stitch(positions, values)
         return tf.reshape(stitched, tf.concat([shape, [self.dim]], axis=0))
 
-    def as_partitions(self, rows: tf.Tensor) -> tuple[list[tf.Variable], tf.Tensor] | None:
-        """The data variables as TensorFlow's ``div`` partitions of one variable, and ``rows`` (logical rows, or
-        negative ids, which stay) as indices into them, ready to read: for a lookup made by TensorFlow's own
-        embedding ops (a canned linear model's weighted sum, `tf_ecrec.feature_column.linear`).  None when the
-        PS tasks hold different numbers of rows (fewer than num_ps x k rows): no ``div`` split matches.
+    def _await_rows(self, p: int, local: tf.Tensor) -> list[tf.Operation]:
+        """Before PS `p`'s rows `local` are read: the rows a background rebuild has not installed yet are asked for
+        and waited on (a no-op otherwise; tf_ecrec.rebuild). Nothing where reads are stock gathers only (a
+        SavedModel, an evaluator, an exporter, an unprotected collection): no op of ours."""
+        if not self.protected or exporting() or storage_is_local():
+            return []
+        with tf.compat.v1.device(self.data[p].device):
+            return [ec_ops.await_rebuilt_rows(ec_ops.delta_log(name=f"ec_delta_log_ps{p}"), self.data[p], local)]
 
-        Every PS then holds k chunks, so the variables concatenated in PS order are ``div`` partitions of equal
-        size; a row's index is its PS's offset plus its local row.  The indices wait, as `lookup` does, for rows
-        a background rebuild has not installed yet.
+    def div_index(self, rows: tf.Tensor) -> tf.Tensor:
+        """``rows`` (logical rows; negative ids stay) as indices into the data variables taken in PS order as
+        TensorFlow's ``div`` partitions of one variable, for a lookup made by TensorFlow's own embedding ops (a
+        canned linear model's weighted sum, `tf_ecrec.feature_column.linear`): every PS holds k chunks, so the
+        parts are equal and a row's index is its PS's offset plus its local row. The indices wait, as `lookup`
+        does, for rows a background rebuild has not installed yet.
+
+        Raises:
+          ConfigError: the PS tasks hold different numbers of rows (fewer than num_ps x k rows): no ``div`` split.
         """
         sizes = {int(v.shape[0]) for v in self.data.values()}
         if len(self.data) != self.num_ps or len(sizes) != 1:
-            return None
+            raise ConfigError(f"collection {self.name!r} holds {sorted(sizes)} rows on {len(self.data)} of {self.num_ps} "
+                              "PS; rule: the same rows on every PS (at least num_ps x k rows); source: div_index")
         part = sizes.pop()
         chunks = np.arange(len(self.table_layout.chunk_ps), dtype=np.int64)
         shift = self.table_layout.chunk_ps * part + (self.table_layout.chunk_local - chunks) * self.chunk_rows
         rows = tf.cast(rows, tf.int64)
-        chunk = tf.maximum(rows, 0) // self.chunk_rows
-        index = tf.where(rows >= 0, rows + tf.gather(tf.constant(shift), chunk), rows)
-        variables = [self.data[p] for p in range(self.num_ps)]
-        if not self.protected or exporting() or storage_is_local():
-            return variables, index
+        index = tf.where(rows >= 0, rows + tf.gather(tf.constant(shift), tf.maximum(rows, 0) // self.chunk_rows), rows)
         # Index 0 too: TensorFlow's safe sparse lookup gives an example with no id row 0 (its result then zeroed).
         valid = tf.concat([tf.boolean_mask(index, index >= 0), tf.zeros([1], tf.int64)], axis=0)
-        waits = []
-        for p, local in enumerate(tf.dynamic_partition(valid % part, tf.cast(valid // part, tf.int32), self.num_ps)):
-            with tf.compat.v1.device(self.data[p].device):
-                waits.append(ec_ops.await_rebuilt_rows(ec_ops.delta_log(name=f"ec_delta_log_ps{p}"), self.data[p], local))
-        with tf.control_dependencies(waits):
-            return variables, tf.identity(index)
+        locals_ = tf.dynamic_partition(valid % part, tf.cast(valid // part, tf.int32), self.num_ps)
+        with tf.control_dependencies([w for p in range(self.num_ps) for w in self._await_rows(p, locals_[p])]):
+            return tf.identity(index)
 
     # ---- metadata ---------------------------------------------------------------------------
 

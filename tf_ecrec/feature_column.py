@@ -233,11 +233,7 @@ class ECLinearColumn(fc.CategoricalColumn):
             raise ConfigError(f"linear column {self.name!r} is read by something other than the linear model that "
                               "made its weights; rule: a tf_ecrec.feature_column.linear column feeds a linear model "
                               "only; source: tf_ecrec.feature_column.linear")
-        parts = table.as_partitions(pair.id_tensor.values)
-        if parts is None:
-            raise ConfigError(f"linear column {self.name!r}: its table's PS tasks hold different row counts; source: "
-                              "tf_ecrec.feature_column.linear")
-        ids = tf.SparseTensor(pair.id_tensor.indices, parts[1], pair.id_tensor.dense_shape)
+        ids = tf.SparseTensor(pair.id_tensor.indices, table.div_index(pair.id_tensor.values), pair.id_tensor.dense_shape)
         return fc.CategoricalColumn.IdWeightPair(ids, pair.weight_tensor)
 
     @property
@@ -292,13 +288,13 @@ def linear(columns: Any) -> list[Any]:
 def _check_vocabulary(column: Any, source: str) -> None:
     """A vocabulary file a column (or a column it is built on) reads must be there: refused where the user wrote
     the column, not as a table initializer's NotFoundError inside the first session."""
-    for col in [column, *getattr(column, "parents", [])]:
-        path = getattr(col, "vocabulary_file", None)
-        if isinstance(col, fc_types.FeatureColumn) and col is not column:
-            _check_vocabulary(col, source)
-        elif path is not None and not tf.io.gfile.exists(path):
-            raise ConfigError(f"column {col.name!r} reads vocabulary_file={path!r}, which does not exist; rule: an "
-                              f"existing vocabulary file; source: {source}")
+    path = getattr(column, "vocabulary_file", None)
+    if path is not None and not tf.io.gfile.exists(path):
+        raise ConfigError(f"column {column.name!r} reads vocabulary_file={path!r}, which does not exist; rule: an "
+                          f"existing vocabulary file; source: {source}")
+    for parent in getattr(column, "parents", []):
+        if isinstance(parent, fc_types.FeatureColumn):
+            _check_vocabulary(parent, source)
 
 
 def _buckets(column: Any) -> int:
