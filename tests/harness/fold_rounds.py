@@ -62,7 +62,7 @@ def run_action(sess: Any, fr: FoldRound, rnd: Round, kind: str, arg: Any, option
         res["present", tid, i] = sess.run(fr.folds[tid][i], feed, options=options)
     elif kind == "mark":
         feed = {fr.takes[arg][4]: res["take", arg][4]}
-        feed.update({t: res["present", arg, i] for i, t in enumerate(fr.folds[arg])})
+        feed.update({t: res["present", arg, i] for i, t in enumerate(fr.presents[arg])})
         sess.run(fr.marks[arg], feed, options=options)
     elif kind == "ready" and not check_ready:
         lists = [set(res["counted", tid].tolist()) for tid in fr.counted]
