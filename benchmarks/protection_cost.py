@@ -22,7 +22,7 @@ worker as in-process TensorFlow servers on loopback (gRPC between them, as
 in a job; own servers, because the configurations' variables share names);
 the model is
 DLRM-shaped: 26 tables of ``--rows`` rows of width ``--dim`` (one
-collection), a 2-layer MLP over the concatenated rows, batch ``--batch``, ids
+collection), a 2-layer MLP (``--mlp dlrm``: the launcher's five layers with biases) over the concatenated rows, batch ``--batch``, ids
 Zipf-distributed.  Batches are precomputed and fed; every configuration sees
 the same batches.  Each timed sample runs ``--steps`` steps after a warm-up;
 samples are interleaved (stock, 2+1, 4+1, stock, ...) so that drift on a
@@ -82,7 +82,11 @@ def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Serv
     return spec, servers
 
 
-def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, object, object, object, object]:
+MLP = {"small": (64, 1), "dlrm": (64, 16, 64, 32, 1)}
+"""`--mlp`: the dense layers' widths; "dlrm" (with biases: ten dense variables) is the launcher's DLRM's."""
+
+
+def _graph(config: str, num_ps: int, rows: int, dim: int, mlp: str = "small") -> tuple[tf.Graph, object, object, object, object]:
     """(graph, ids placeholder, train op, init op, carried commit or None) of one configuration."""
     ec = tf_ecrec.ECConfig(2, 1) if config == "stock" else tf_ecrec.ECConfig.parse(config.split()[1])
     commit = "in_step" if "in-step" in config else "carried" if "carried" in config else "batched"
@@ -94,9 +98,11 @@ def _graph(config: str, num_ps: int, rows: int, dim: int) -> tuple[tf.Graph, obj
         ids = tf.compat.v1.placeholder(tf.int64, [None, TABLES])
         x = tf.reshape(coll.lookup_all(ids), [-1, TABLES * dim])
         init = tf.compat.v1.glorot_uniform_initializer(seed=2)
-        for i, width in enumerate((64, 1)):
+        for i, width in enumerate(MLP[mlp]):
             kernel = tf.compat.v1.get_variable(f"dense{i}", [int(x.shape[1]), width], initializer=init, use_resource=True)
             x = tf.matmul(x, kernel)
+            if mlp == "dlrm":
+                x += tf.compat.v1.get_variable(f"bias{i}", [width], initializer=tf.zeros_initializer(), use_resource=True)
             x = tf.nn.relu(x) if width > 1 else x
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(x), logits=x))
         base = tf.compat.v1.train.AdagradOptimizer(0.05)
@@ -125,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20000, help="rows of each of the 26 tables")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--mlp", choices=sorted(MLP), default="small",
+                        help="the dense layers: small (2 kernels) or dlrm (5 layers with biases, as the launcher's DLRM)")
     parser.add_argument("--steps", type=int, default=200, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved samples per configuration")
     parser.add_argument("--configs", default="stock,ecrec 2+1,ecrec 2+1 in-step,ecrec 4+1,ecrec 4+1 in-step")
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         _, own = _servers(args.ps)
         servers += own
         config, _, cut = name.partition(" to ")
-        graph, ids, train, init_op, carried = _graph(config, args.ps, args.rows, args.dim)
+        graph, ids, train, init_op, carried = _graph(config, args.ps, args.rows, args.dim, args.mlp)
         if cut and cut != "commit":
             # A bound, not a protocol: the step stops after `cut` (its later phases never run, so the
             # delta logs keep every step's entries; a few hundred steps of them fit in memory).

@@ -18,6 +18,7 @@ and not waiting behind another); `Reconciler.settle_left_behind` for those pendi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,6 +53,9 @@ def feeds(*pairs: tuple[Any, Any]) -> Any:
 
 
 ExpectedFolds = Callable[[int, np.ndarray, np.ndarray], list[tuple[int, np.ndarray, np.ndarray, int]]]
+_FOLD_FEEDS: tuple[tuple[str, Any, list[None]], ...] = (  # a settlement fold's feeds: name, dtype, shape
+    ("rows", tf.int64, [None]), ("delta", tf.int32, [None, None]), ("coef", tf.int32, []), ("source", tf.int32, []),
+    ("source_seq", tf.int64, []))
 
 
 class Reconciler(StaleSteps):
@@ -97,13 +101,8 @@ class Reconciler(StaleSteps):
                     self._seq_of[tid] = tf.compat.v1.placeholder(tf.int64, [], name=f"seq_{tid}")
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq_of[tid], tid, ordered=t.ordered)
                     if t.kind in (TargetKind.PARITY, TargetKind.REPLICA):
-                        rows, delta, coef, source, source_seq = self._fold_feeds[tid] = (
-                            tf.compat.v1.placeholder(tf.int64, [None], name=f"rows_{tid}"),
-                            tf.compat.v1.placeholder(tf.int32, [None, None], name=f"delta_{tid}"),
-                            tf.compat.v1.placeholder(tf.int32, [], name=f"coef_{tid}"),
-                            tf.compat.v1.placeholder(tf.int32, [], name=f"source_{tid}"),
-                            tf.compat.v1.placeholder(tf.int64, [], name=f"source_seq_{tid}"),
-                        )
+                        rows, delta, coef, source, source_seq = self._fold_feeds[tid] = tuple(
+                            tf.compat.v1.placeholder(dtype, shape, name=f"{name}_{tid}") for name, dtype, shape in _FOLD_FEEDS)
                         self._fold[tid] = ec_ops.parity_update(
                             t.variables[0], rows, delta, coef=coef, log=log, sid=self._sid, target=tid,
                             source=source, source_seq=source_seq, bypass_fence=True, dedupe=True,
@@ -208,19 +207,24 @@ class Reconciler(StaleSteps):
         mine = {sid: [(p, e) for p, e in entries if e.sid == sid] for sid in pending}
         keeps = {sid: self._keeps(mine[sid], tops) for sid in pending}
         report.committed += len(done)
-        left = [sid for sid in pending if sid not in done]
+        left, fresh = [sid for sid in pending if sid not in done], True  # fresh: the view is the logs as just read
         while self.undo_newest_first:
             ready = [sid for sid in left if not keeps[sid] and self._all_newest(snaps, sid)]
+            if not ready and not fresh:
+                snaps, fresh = self._snapshots(sess, alive), True  # the view says none: read the logs to be sure
+                continue
             if not ready:
                 break
             sid = ready[0]
             left.remove(sid)
             now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
-            if self._settle_step(sess, snaps, sid, now, alive, False):
-                report.undone += 1
-            else:
-                report.finished += 1
-            snaps = self._snapshots(sess, alive)  # its entries are gone: an earlier step may be newest now
+            undone = self._settle_step(sess, snaps, sid, now, alive, False)
+            report.undone, report.finished = report.undone + undone, report.finished + (not undone)
+            # An earlier step may be newest now. Its entries leave the view if undone (live trainers' later entries
+            # only make an undo fail), instead of a call reading every log; finished, it added some: read the logs.
+            snaps = {p: dataclasses.replace(s, entries=[e for e in s.entries if e.sid != sid]) for p, s in snaps.items()
+                     } if undone else self._snapshots(sess, alive)
+            fresh = not undone
         for sid in left:
             now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
             if self._settle_step(sess, snaps, sid, now, alive, keeps[sid]):
@@ -301,10 +305,15 @@ class Reconciler(StaleSteps):
         all_undone = not keep
         folds_of = {e.target: [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
                     for _p, e in applies}
-        if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
-                                            [(e.target, e.seq) for _p, e in applies]):
-            applies = []  # every apply undone, each after its folds
         counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
+        # Its count undone in the call of its applies when it can be (a call fewer per step undone): an apply that
+        # cannot be undone fails that call, and the count is then made again below (its adds are deduplicated).
+        with_count = [(e.target, e.seq) for p, e in counts if all(self._undoable(snaps[q], c) for q, c in counts)]
+        if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
+                                            [(e.target, e.seq) for _p, e in applies] + with_count):
+            if with_count or not counts:
+                return True
+            applies = []  # every apply undone, each after its folds
         adds = [self._add[tid] for tid, t in sorted(self.targets.items()) if t.kind == TargetKind.COUNTER and t.ps in alive]
         if keep and applies:
             # Finished whole: its count's missing increments ride the last call of its folds (one session call
