@@ -1,4 +1,5 @@
-"""Steps a dead task left in the delta logs, settled with training going on (part of `steplog.Reconciler`).
+"""Steps a dead task left in the delta logs, settled with training going on (part of `steplog.Reconciler`), and
+the pure parts of settlement's calls: which entries go together in a session call, which steps can be undone at once.
 
 A live trainer's step commits within milliseconds of its writes (or, with the commit carried by its
 next run, `tf_ecrec.carried_commit`, within one step); a step pending longer than `STALE_SECS` whose
@@ -111,3 +112,46 @@ def session_waves(sess: Any, entries: Sequence[tuple[int, Any]]) -> list[list[tu
             calls.append([])
         calls[i].append(entry)
     return calls
+
+
+def session_lists(sess: Any, entries: Sequence[tuple[int, int]]) -> list[list[tuple[int, list[int]]]]:
+    """`entries` ((target, seq) each) as session calls of (target, its seqs in the order given): one call for them
+    all (an undo takes a list), or one entry per call where a distinct call costs a trace (`FunctionSession`)."""
+    if not getattr(sess, "batches_settlement", True):
+        return [[(target, [seq])] for target, seq in entries]
+    lists: dict[int, list[int]] = {}
+    for target, seq in entries:
+        lists.setdefault(target, []).append(seq)
+    return [list(lists.items())] if lists else []
+
+
+def undoable(snap: Any, entry: Any) -> bool:
+    """Whether an ordered undo of `entry` would pass now: `snap` (its log's `DeltaLogSnapshot`) holds no later entry
+    of its target, and no later one left the log with its update in effect."""
+    return bool(snap.undoable(entry)) and not any(o.target == entry.target and o.seq > entry.seq for o in snap.entries)
+
+
+def all_newest(snaps: dict[int, Any], sid: int, apply_kind: int) -> bool:
+    """Whether every APPLY entry (`apply_kind`) of step `sid` in `snaps` is `undoable`."""
+    return all(undoable(v, e) for v in snaps.values() for e in v.entries if e.sid == sid and e.kind == apply_kind)
+
+
+def undo_plan(snaps: dict[int, Any], candidates: Sequence[int], fold_kind: int) -> tuple[list[int], dict[int, Any]]:
+    """(steps, view): the run of `candidates` (step ids) that can be undone one after the other, newest first (each
+    one's every entry but its folds undoable once the ones before are gone: `undoable`), and the logs' view without
+    them; settlement undoes such a run in two session calls (every fold, then every other entry)."""
+    plan: list[int] = []
+    left = list(candidates)
+    while True:
+        sid = next((s for s in left if all(undoable(v, e) for v in snaps.values() for e in v.entries
+                                           if e.sid == s and e.kind != fold_kind)), None)
+        if sid is None:
+            return plan, snaps
+        plan.append(sid)
+        left.remove(sid)
+        snaps = without(snaps, sid)
+
+
+def without(snaps: dict[int, Any], sid: int) -> dict[int, Any]:
+    """`snaps` (per PS, a `DeltaLogSnapshot`) without step `sid`'s entries: the logs once it is undone."""
+    return {p: dataclasses.replace(v, entries=[e for e in v.entries if e.sid != sid]) for p, v in snaps.items()}

@@ -18,7 +18,6 @@ and not waiting behind another); `Reconciler.settle_left_behind` for those pendi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec import stale_steps as plans
 from tf_ecrec.stale_steps import STALE_SECS, SettleReport, StaleSteps, session_waves  # noqa: F401 (STALE_SECS re-exported)
 from tf_ecrec.step_program import Target, TargetKind
 
@@ -98,7 +98,7 @@ class Reconciler(StaleSteps):
             for tid, t in sorted(self.targets.items()):
                 log = logs[t.ps]
                 with tf.device(log.device):
-                    self._seq_of[tid] = tf.compat.v1.placeholder(tf.int64, [], name=f"seq_{tid}")
+                    self._seq_of[tid] = tf.compat.v1.placeholder(tf.int64, [None], name=f"seq_{tid}")
                     self._undo[tid] = ec_ops.delta_log_undo(log, t.variables, self._seq_of[tid], tid, ordered=t.ordered)
                     if t.kind in (TargetKind.PARITY, TargetKind.REPLICA):
                         rows, delta, coef, source, source_seq = self._fold_feeds[tid] = tuple(
@@ -207,9 +207,18 @@ class Reconciler(StaleSteps):
         mine = {sid: [(p, e) for p, e in entries if e.sid == sid] for sid in pending}
         keeps = {sid: self._keeps(mine[sid], tops) for sid in pending}
         report.committed += len(done)
-        left, fresh = [sid for sid in pending if sid not in done], True  # fresh: the view is the logs as just read
+        left, fresh, batch = [sid for sid in pending if sid not in done], True, True  # fresh: the logs as just read
         while self.undo_newest_first:
-            ready = [sid for sid in left if not keeps[sid] and self._all_newest(snaps, sid)]
+            plan, view = plans.undo_plan(snaps, [s for s in left if not keeps[s]], ec_ops.EntryKind.FOLD)
+            if len(plan) > 1 and batch:  # steps undone whole together, in two calls (the recovery's settle phase)
+                if batch := self._undo_steps(sess, snaps, plan):
+                    snaps, fresh, gone = view, False, set(plan)
+                else:  # refused: settle the rest one at a time
+                    snaps, fresh = self._snapshots(sess, alive), True
+                    gone = {sid for sid in plan if not any(e.sid == sid for v in snaps.values() for e in v.entries)}
+                left, report.undone = [sid for sid in left if sid not in gone], report.undone + len(gone)
+                continue
+            ready = [sid for sid in left if not keeps[sid] and plans.all_newest(snaps, sid, ec_ops.EntryKind.APPLY)]
             if not ready and not fresh:
                 snaps, fresh = self._snapshots(sess, alive), True  # the view says none: read the logs to be sure
                 continue
@@ -220,17 +229,13 @@ class Reconciler(StaleSteps):
             now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
             undone = self._settle_step(sess, snaps, sid, now, alive, False)
             report.undone, report.finished = report.undone + undone, report.finished + (not undone)
-            # An earlier step may be newest now. Its entries leave the view if undone (live trainers' later entries
-            # only make an undo fail), instead of a call reading every log; finished, it added some: read the logs.
-            snaps = {p: dataclasses.replace(s, entries=[e for e in s.entries if e.sid != sid]) for p, s in snaps.items()
-                     } if undone else self._snapshots(sess, alive)
-            fresh = not undone
+            # An earlier step may be newest now. Undone, its entries leave the view (a live trainer's later entry only
+            # makes an undo fail) rather than a call reading every log; finished, it added some: read the logs.
+            snaps, fresh = (plans.without(snaps, sid), False) if undone else (self._snapshots(sess, alive), True)
         for sid in left:
             now = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid]
-            if self._settle_step(sess, snaps, sid, now, alive, keeps[sid]):
-                report.undone += 1
-            else:
-                report.finished += 1
+            undone = self._settle_step(sess, snaps, sid, now, alive, keeps[sid])
+            report.undone, report.finished = report.undone + undone, report.finished + (not undone)
         # D. commit, round 1 then round 2 (never round 2 before round 1 is complete).
         blocked = False
         try:
@@ -245,19 +250,13 @@ class Reconciler(StaleSteps):
             _LOG.info("settled %d steps; their commit waits behind a live step", len(pending))
             return report
         self._on_every(sess, self._round2, alive, pending)
-        _LOG.warning(
-            "settled %d steps in flight: %s, %d folds of lost variables rolled back",
-            len(pending), report.counts(), report.rolled_back,
-        )
+        _LOG.warning("settled %d steps in flight: %s, %d folds of lost variables rolled back", len(pending),
+                     report.counts(), report.rolled_back)
         return report
 
     # Settlement undoes the steps it can, newest first, before finishing the others (False: in id order,
     # one pass; the mutation test shows the harness's oracle catches the partial steps that leaves).
     undo_newest_first = True
-
-    def _all_newest(self, snaps: dict[int, ec_ops.DeltaLogSnapshot], sid: int) -> bool:
-        applies = [(p, e) for p, s in snaps.items() for e in s.entries if e.sid == sid and e.kind == ec_ops.EntryKind.APPLY]
-        return all(self._undoable(snaps[p], e) for p, e in applies)
 
     @staticmethod
     def _keeps(mine: list[tuple[int, ec_ops.DeltaLogEntry]], tops: dict[int, int]) -> bool:
@@ -301,14 +300,14 @@ class Reconciler(StaleSteps):
         applies = sorted(((p, e) for p, e in mine if e.kind == ec_ops.EntryKind.APPLY), key=lambda pe: -pe[1].seq)
         # Whole: undone only if every apply of it is the newest of its variable (else finished), so a
         # step that another overtook on one variable is not undone on the others.
-        keep = keep or not all(self._undoable(snaps[p], e) for p, e in applies)
+        keep = keep or not all(plans.undoable(snaps[p], e) for p, e in applies)
         all_undone = not keep
         folds_of = {e.target: [(q, f) for q, f in mine if f.kind == ec_ops.EntryKind.FOLD and f.source == e.target]
                     for _p, e in applies}
         counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
         # Its count undone in the call of its applies when it can be (a call fewer per step undone): an apply that
         # cannot be undone fails that call, and the count is then made again below (its adds are deduplicated).
-        with_count = [(e.target, e.seq) for p, e in counts if all(self._undoable(snaps[q], c) for q, c in counts)]
+        with_count = [(e.target, e.seq) for p, e in counts if all(plans.undoable(snaps[q], c) for q, c in counts)]
         if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
                                             [(e.target, e.seq) for _p, e in applies] + with_count):
             if with_count or not counts:
@@ -328,7 +327,7 @@ class Reconciler(StaleSteps):
             self._fold_all(sess, sid, self._folds_to_finish(e, alive))
         if not counts:
             return all_undone
-        if all_undone and all(self._undoable(snaps[p], e) for p, e in counts):
+        if all_undone and all(plans.undoable(snaps[p], e) for p, e in counts):
             if self._undo_together(sess, [], [(e.target, e.seq) for _, e in counts]) or all(
                 [self._undo_apply(sess, e, []) for _, e in counts]  # noqa: C419 (every undo runs)
             ):
@@ -340,11 +339,11 @@ class Reconciler(StaleSteps):
             sess.run(adds, feeds((self._sid, sid)))
         return all_undone
 
-    @staticmethod
-    def _undoable(snap: ec_ops.DeltaLogSnapshot, e: ec_ops.DeltaLogEntry) -> bool:
-        if not snap.undoable(e):
-            return False
-        return not any(o.target == e.target and o.seq > e.seq for o in snap.entries)
+    def _undo_steps(self, sess: tf.compat.v1.Session, snaps: dict[int, ec_ops.DeltaLogSnapshot], plan: list[int]) -> bool:
+        """Undoes the steps `plan` (an `undo_plan`) whole: folds, then the rest; False if refused (a live trainer's)."""
+        entries = [e for sid in plan for v in snaps.values() for e in v.entries if e.sid == sid]
+        folds = [(e.target, e.seq) for e in entries if e.kind == ec_ops.EntryKind.FOLD]
+        return self._undo_together(sess, folds, [(e.target, e.seq) for e in entries if e.kind != ec_ops.EntryKind.FOLD])
 
     def _undo_apply(self, sess: tf.compat.v1.Session, e: ec_ops.DeltaLogEntry, folds: list[tuple[int, Any]]) -> bool:
         self._undo_all(sess, [(f.target, f.seq) for _, f in folds])
@@ -366,12 +365,11 @@ class Reconciler(StaleSteps):
             return False
 
     def _undo_all(self, sess: tf.compat.v1.Session, entries: Sequence[tuple[int, int]]) -> None:
-        """Undoes the log entries `entries` ((target, seq); a target's in the order to undo them) in as few session
-        calls as their targets allow, each undoing at most one entry of a target: a session call costs a round trip,
-        and a settlement undoes tens of entries per step in flight (the recovery's settle phase).  Raises as the undo
-        that fails does; entries of earlier calls stay undone."""
-        for wave in session_waves(sess, entries):
-            sess.run([self._undo[t] for t, _ in wave], feeds(*((self._seq_of[t], seq) for t, seq in wave)))
+        """Undoes the log entries `entries` ((target, seq); a target's in the order to undo them) in one session call,
+        each target's undo taking its list: a call costs a round trip, and a settlement undoes tens of entries per step
+        in flight (the recovery's settle phase).  Raises as the undo that fails does; those done before stay undone."""
+        for call in plans.session_lists(sess, entries):
+            sess.run([self._undo[t] for t, _ in call], feeds(*((self._seq_of[t], seqs) for t, seqs in call)))
 
     def _folds_to_finish(self, e: ec_ops.DeltaLogEntry, alive: list[int]) -> list[tuple[int, tuple[Any, ...]]]:
         """The folds that finish apply `e` on the alive PS tasks: (target, (rows, delta, coef, source, source_seq))

@@ -96,7 +96,7 @@ def undo_folds_of_lost_sources(reconciler, sess, snaps, sources, undo) -> int:
     """Undoes every logged fold of the lost data variables `sources` that `undo(entry, snaps)` picks."""
     picked = [e for s in snaps.values() for e in s.entries if e.kind == 1 and e.source in sources and undo(e, snaps)]
     for e in picked:
-        sess.run(reconciler._undo[e.target], {reconciler._seq_of[e.target]: e.seq})
+        sess.run(reconciler._undo[e.target], {reconciler._seq_of[e.target]: [e.seq]})
     return len(picked)
 
 

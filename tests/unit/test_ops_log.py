@@ -512,6 +512,30 @@ def test_ordered_undo_refuses_to_jump_a_later_update_and_changes_nothing() -> No
         assert sess.run(counter) == 11 ^ 5
 
 
+def test_an_undo_of_a_list_undoes_its_entries_in_its_order_and_stops_at_the_first_it_cannot() -> None:
+    """A vector `seq`: one op undoes a target's entries one after the other (settlement's one call for many steps);
+    in the wrong order it fails on the first it cannot undo, the ones before it done, the rest untouched."""
+    graph = tf.Graph()
+    with graph.as_default():
+        counter, _other, log, sid, value, add, _add_other = _counter_graph(_log_name())
+        seqs = V1.placeholder(tf.int64, [None])
+        undo = ec_ops.delta_log_undo(log, counter, seqs, 0)
+        read = ec_ops.delta_log_read(log)
+        init = V1.global_variables_initializer()
+    with _session(graph) as sess:
+        sess.run(init)
+        for step, v in enumerate((5, 6, 7, 9), start=1):
+            sess.run(add, {sid: step, value: v})
+        s = [e.seq for e in _read(sess, read).entries]
+        assert sess.run(counter) == 27
+        with pytest.raises(tf.errors.FailedPreconditionError, match=f"later entry {s[2]}"):
+            sess.run(undo, {seqs: [s[3], s[1], s[2]]})  # the newest undone, then s[1] jumps s[2]: refused
+        assert sess.run(counter) == 27 - 9 and [e.seq for e in _read(sess, read).entries] == s[:3]
+        assert sess.run(undo, {seqs: [s[2], s[1], s[3]]}).tolist() == [True, True, False]  # s[3]: already undone
+        assert sess.run(counter) == 5 and [e.seq for e in _read(sess, read).entries] == s[:1]
+        assert sess.run(undo, {seqs: []}).tolist() == [] and sess.run(counter) == 5
+
+
 # --- fences: stragglers of a cut step cannot write after recovery read the logs ----------------
 
 

@@ -282,7 +282,10 @@ def delta_log_undo(
             delta: ``[var, *slots]`` for an apply entry, ``[parity]``,
             ``[replica]`` or ``[counter]`` for the others. A row of the delta
             is split across them as in :func:`~tf_ecrec.ops.row_words.xor_rows`.
-        seq: The entry's seq.
+        seq: The entry's seq; or a vector of entries of ``target``, undone
+            one after the other in its order (newest first for an ordered
+            target), the result then a vector of flags: an undo that fails
+            raises, the ones before it done.
         target: Its target id; a mismatch is an InvalidArgumentError.
         ordered: Refuse (FailedPreconditionError, nothing changes) while the
             log holds a later entry of ``target`` or a later one was
@@ -292,7 +295,7 @@ def delta_log_undo(
         name: Op name.
 
     Returns:
-        bool scalar: whether the entry was there and has been undone.
+        bool, of `seq`'s shape: whether the entry was there and has been undone.
     """
     return call_log_op(
         "ec_rec_delta_log_undo",

@@ -190,9 +190,13 @@ class DeltaLogUndoOp : public VarsOpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t seq = 0;
     int32 target = 0;
-    EC_REQUIRES_OK(ctx, ScalarInput(ctx, 1 + n_, "seq", &seq));
+    const Tensor& seqs = ctx->input(1 + n_);
+    if (seqs.dims() > 1) {
+      ctx->CtxFailure(errors::InvalidArgument(
+          "`seq` must be a scalar or a vector, got shape ", seqs.shape().DebugString()));
+      return;
+    }
     EC_REQUIRES_OK(ctx, ScalarInput(ctx, 2 + n_, "target", &target));
     core::RefCountPtr<DeltaLog> log;
     EC_REQUIRES_OK(ctx, LookupOrCreateDeltaLog(ctx, 0, &log));
@@ -208,10 +212,21 @@ class DeltaLogUndoOp : public VarsOpKernel {
       }
       return XorRowsInto(locked, net.rows, net.words.data(), net.width);
     };
-    bool found = false;
-    EC_REQUIRES_OK(ctx, log->Undo(seq, target, ordered_, undo, &found));
-    if (found) log->WakeAfterUndo();
-    EC_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, found));
+    Tensor* found = nullptr;
+    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, seqs.shape(), &found));
+    auto in = seqs.flat<int64_t>();
+    auto out = found->flat<bool>();
+    out.setConstant(false);
+    bool any = false;
+    Status status;
+    for (int64_t i = 0; i < in.size() && status.ok(); ++i) {
+      bool one = false;
+      status = log->Undo(in(i), target, ordered_, undo, &one);
+      out(i) = one;
+      any = any || one;
+    }
+    if (any) log->WakeAfterUndo();
+    EC_REQUIRES_OK(ctx, status);
   }
 
  private:

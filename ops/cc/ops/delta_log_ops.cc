@@ -242,11 +242,16 @@ REGISTER_OP("EcRec>DeltaLogUndo")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       const int n = c->num_inputs() - 3;
-      TF_RETURN_IF_ERROR(ScalarInputs(c, 1 + n, 3 + n));
-      return shape_inference::ScalarShape(c);
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 2 + n, 3 + n));
+      shape_inference::ShapeHandle seq;
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(1 + n), 1, &seq));
+      c->set_output(0, seq);
+      return OkStatus();
     })
     .Doc(R"doc(
-Undoes entry `seq` of the log and removes it, atomically.
+Undoes entry `seq` of the log and removes it, atomically; a vector `seq`
+undoes its entries one after the other, in its order, each as a scalar would
+(an undo that fails stops the op with its error, the earlier ones done).
 
 Holding the exclusive locks of `vars` (taken in address order) and then the
 log's mutex, it finds entry `seq`, checks that it belongs to `target`, XORs its delta
@@ -264,9 +269,10 @@ and replicas, whose XOR folds commute) any entry may be undone any time.
 
 vars: the variables of `target`, e.g. [var, slot1, slot2] for an apply
   entry, [parity] or [replica] for a fold, [counter] for AssignAddLogged.
-seq: int64 scalar.
+seq: int64 scalar, or a vector of entries of `target` in the order to undo
+  them (newest first for an ordered target).
 target: int32 scalar, the entry's expected target.
-found: whether the entry was there (and has been undone).
+found: whether the entry was there (and has been undone); of `seq`'s shape.
 )doc");
 
 REGISTER_OP("EcRec>XorRows")
