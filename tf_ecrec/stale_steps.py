@@ -16,6 +16,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.ops.log_snapshot import EntryKind
+
 STALE_SECS = 5.0
 """A step pending this long and not waiting behind another belongs to a dead task."""
 
@@ -131,20 +133,19 @@ def undoable(snap: Any, entry: Any) -> bool:
     return bool(snap.undoable(entry)) and not any(o.target == entry.target and o.seq > entry.seq for o in snap.entries)
 
 
-def all_newest(snaps: dict[int, Any], sid: int, apply_kind: int) -> bool:
-    """Whether every APPLY entry (`apply_kind`) of step `sid` in `snaps` is `undoable`."""
-    return all(undoable(v, e) for v in snaps.values() for e in v.entries if e.sid == sid and e.kind == apply_kind)
+def step_undoable(snaps: dict[int, Any], sid: int, kinds: tuple[int, ...] = (EntryKind.APPLY,)) -> bool:
+    """Whether every entry of step `sid` in `snaps` of one of `kinds` (by default its applies) is `undoable`."""
+    return all(undoable(v, e) for v in snaps.values() for e in v.entries if e.sid == sid and e.kind in kinds)
 
 
-def undo_plan(snaps: dict[int, Any], candidates: Sequence[int], fold_kind: int) -> tuple[list[int], dict[int, Any]]:
+def undo_plan(snaps: dict[int, Any], candidates: Sequence[int]) -> tuple[list[int], dict[int, Any]]:
     """(steps, view): the run of `candidates` (step ids) that can be undone one after the other, newest first (each
-    one's every entry but its folds undoable once the ones before are gone: `undoable`), and the logs' view without
-    them; settlement undoes such a run in two session calls (every fold, then every other entry)."""
+    one's applies and counts undoable once the ones before are gone), and the logs' view without them; settlement
+    undoes such a run in two session calls (every fold, then every other entry)."""
     plan: list[int] = []
     left = list(candidates)
     while True:
-        sid = next((s for s in left if all(undoable(v, e) for v in snaps.values() for e in v.entries
-                                           if e.sid == s and e.kind != fold_kind)), None)
+        sid = next((s for s in left if step_undoable(snaps, s, (EntryKind.APPLY, EntryKind.COUNTER))), None)
         if sid is None:
             return plan, snaps
         plan.append(sid)

@@ -209,8 +209,8 @@ class Reconciler(StaleSteps):
         report.committed += len(done)
         left, fresh, batch = [sid for sid in pending if sid not in done], True, True  # fresh: the logs as just read
         while self.undo_newest_first:
-            plan, view = plans.undo_plan(snaps, [s for s in left if not keeps[s]], ec_ops.EntryKind.FOLD)
-            if len(plan) > 1 and batch:  # steps undone whole together, in two calls (the recovery's settle phase)
+            plan, view = plans.undo_plan(snaps, [s for s in left if not keeps[s]]) if batch else ([], snaps)
+            if len(plan) > 1:  # steps undone whole together, in two calls (the recovery's settle phase)
                 if batch := self._undo_steps(sess, snaps, plan):
                     snaps, fresh, gone = view, False, set(plan)
                 else:  # refused: settle the rest one at a time
@@ -218,7 +218,7 @@ class Reconciler(StaleSteps):
                     gone = {sid for sid in plan if not any(e.sid == sid for v in snaps.values() for e in v.entries)}
                 left, report.undone = [sid for sid in left if sid not in gone], report.undone + len(gone)
                 continue
-            ready = [sid for sid in left if not keeps[sid] and plans.all_newest(snaps, sid, ec_ops.EntryKind.APPLY)]
+            ready = [sid for sid in left if not keeps[sid] and plans.step_undoable(snaps, sid)]
             if not ready and not fresh:
                 snaps, fresh = self._snapshots(sess, alive), True  # the view says none: read the logs to be sure
                 continue
@@ -307,7 +307,7 @@ class Reconciler(StaleSteps):
         counts = [(p, e) for p, e in mine if e.kind == ec_ops.EntryKind.COUNTER]
         # Its count undone in the call of its applies when it can be (a call fewer per step undone): an apply that
         # cannot be undone fails that call, and the count is then made again below (its adds are deduplicated).
-        with_count = [(e.target, e.seq) for p, e in counts if all(plans.undoable(snaps[q], c) for q, c in counts)]
+        with_count = [(e.target, e.seq) for _, e in counts] if all(plans.undoable(snaps[p], e) for p, e in counts) else []
         if not keep and self._undo_together(sess, [(f.target, f.seq) for _p, e in applies for _q, f in folds_of[e.target]],
                                             [(e.target, e.seq) for _p, e in applies] + with_count):
             if with_count or not counts:
