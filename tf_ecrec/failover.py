@@ -34,7 +34,10 @@ The loop, `FailoverLoop.train`, is a state machine with bounded waits
              returns after the hook stopped it (PS moved)    -> WAIT
              session error: DeadlineExceeded, Unavailable,
              Aborted (a PS died, or a session was built for
-             an old cluster)                                 -> WAIT
+             an old cluster), Cancelled (a step whose
+             partitions TensorFlow cancelled: the master
+             reports a peer's cancelled RecvTensor when that
+             is the only root error it received)             -> WAIT
     WAIT   poll the source until every PS task is alive, at
            most `wait_secs` (else RecoveryError naming the missing PS);
            take the addresses it reports (moved or not)      -> BUILD
@@ -206,7 +209,9 @@ class FailoverLoop:
 
         from tf_ecrec.data.pipeline import input_fn_without_autotune
 
-        session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError)
+        # A cancelled step is a failed one: its pending steps are given up and trained again, as after an abort.
+        session_errors = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError,
+                          tf.errors.CancelledError)
         # MonitoredSession logs each failed session creation, tens a second for a PS that is down: one in 30 s.
         input_fn = input_fn_without_autotune(input_fn)  # a session close would wait for its thread
         quiet = RepeatFilter(("An error was raised while a session was being created",

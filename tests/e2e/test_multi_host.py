@@ -105,7 +105,14 @@ def _finish(job: HostCluster, stop: str) -> None:
     with open(stop, "w", encoding="utf-8"):
         pass
     codes = job.wait(list(TRAINERS), timeout=240)
-    assert codes == dict.fromkeys(TRAINERS, 0), {t: job.log(t)[-4000:] for t in TRAINERS}
+    failed = [t for t in TRAINERS if codes.get(t) != 0]
+    # The last traceback of each failed trainer, whole: its first lines name the call, the last the error.
+    assert not failed, "\n\n".join(f"{t} exited with {codes.get(t)}:\n" + _last_traceback(job.log(t)) for t in failed)
+
+
+def _last_traceback(log: str) -> str:
+    at = log.rfind("Traceback (most recent call last)")
+    return log[at:][:6000] if at >= 0 else log[-6000:]
 
 
 def _on(host, argv: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
