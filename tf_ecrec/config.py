@@ -230,6 +230,22 @@ def _validate_address(address: Any, task: str, *, source: str) -> None:
         )
 
 
+TF_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+"""What every task's TensorFlow starts with unless its environment says otherwise (read once, at import).
+
+oneDNN's graph rewrite (``MklLayoutRewritePass``) runs on every graph a task registers and asks, for
+each node, for the list of every kernel registered for its op: on a trainer's step graph and a
+recovery's calls it was 88 % of the CPU of registering a graph (a new session's first step, each
+of a recovery's first calls), and the steps it rewrites were no faster (docs/benchmarks.md,
+"oneDNN's graph rewrite"). With it off, a trainer's first step after a PS failure came 0.3-0.5 s
+sooner. A user who wants oneDNN sets ``TF_ENABLE_ONEDNN_OPTS=1`` in the task's environment."""
+
+
+def with_tf_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with `TF_ENVIRONMENT`'s variables added where `env` does not set them."""
+    return {**TF_ENVIRONMENT, **env}
+
+
 @contextlib.contextmanager
 def tf_config_env(cfg: ClusterConfig | None) -> Iterator[None]:
     """Sets TF_CONFIG to `cfg` (or removes it for None) for the block, then restores it.

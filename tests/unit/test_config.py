@@ -1,9 +1,12 @@
 import json
+import os
 
 import pytest
 
-from tf_ecrec.config import ClusterConfig, tf_config_env
+from tf_ecrec.config import TF_ENVIRONMENT, ClusterConfig, tf_config_env, with_tf_environment
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.launcher.process_table import ProcessTable
+from tf_ecrec.launcher.spec import JobSpec
 
 TF_CONFIG = {
     "cluster": {
@@ -99,3 +102,20 @@ def test_run_config_reads_the_cluster_we_write():
     assert run_config.task_type == "chief" and run_config.is_chief
     assert run_config.num_ps_replicas == 2 and run_config.num_worker_replicas == 3
     assert run_config.master == "grpc://127.0.0.1:2222"
+
+
+def test_a_tasks_tensorflow_settings_are_added_where_its_environment_does_not_set_them():
+    assert with_tf_environment({"PATH": "/bin"}) == {"PATH": "/bin", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert with_tf_environment({"TF_ENABLE_ONEDNN_OPTS": "1"})["TF_ENABLE_ONEDNN_OPTS"] == "1"  # the user's wins
+
+
+def test_every_launched_task_starts_with_them(monkeypatch):
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    assert ProcessTable(JobSpec()).base_environment()["TF_ENABLE_ONEDNN_OPTS"] == "0"
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    assert ProcessTable(JobSpec()).base_environment()["TF_ENABLE_ONEDNN_OPTS"] == "1"
+
+
+def test_the_tests_run_with_the_products_tensorflow_settings():
+    # tests/conftest.py sets them before anything imports TensorFlow (it cannot import this module to do so).
+    assert {k: os.environ.get(k) for k in TF_ENVIRONMENT} == TF_ENVIRONMENT

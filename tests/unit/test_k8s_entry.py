@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE
+from tf_ecrec.config import TF_ENVIRONMENT
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import k8s
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
@@ -119,7 +120,8 @@ if mode == "killed":
     import os
     os.kill(os.getpid(), signal.SIGKILL)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # "leave": finish the step, report, exit 0
-print("training", flush=True)
+import os
+print("training with TF_ENABLE_ONEDNN_OPTS=" + os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"), flush=True)
 time.sleep(60)
 '''
 
@@ -130,7 +132,7 @@ def _entry(tmp_path, mode: str, park: bool) -> subprocess.Popen:
     job_json = tmp_path / "job.json"
     job_json.write_text(json.dumps(JOB.to_json()))
     (tmp_path / "job.json.mode").write_text(mode)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", *TF_ENVIRONMENT)}  # as a pod's
     env.update({**STATEFULSET, k8s.ENV_POD_NAME: "dlrm-chief-0", k8s.ENV_PARK: "1" if park else "0",
                 "PYTHONPATH": os.pathsep.join([REPO, str(tmp_path)])})
     code = ("import logging; logging.basicConfig(level=logging.INFO); from tf_ecrec.launcher import k8s; "
@@ -160,7 +162,8 @@ def test_a_finished_statefulset_trainer_parks_until_sigterm_then_exits_0(tmp_pat
 @pytest.mark.timeout(60)
 def test_a_trainer_that_leaves_on_sigterm_exits_as_terminated_not_as_done(tmp_path):
     proc = _entry(tmp_path, "train", park=True)
-    _wait_for(proc, "training")
+    # The pod's environment does not name it: the task gets the product's TensorFlow settings.
+    _wait_for(proc, "training with TF_ENABLE_ONEDNN_OPTS=0")
     proc.send_signal(signal.SIGTERM)  # the task exits 0 (it left the job); the pod was terminated
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
 

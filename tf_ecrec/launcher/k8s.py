@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.config import ClusterConfig, with_tf_environment
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.launcher.forked_process import start_child
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
@@ -227,7 +227,7 @@ def run(job_json: str, environ: Mapping[str, str] | None = None, module: str = T
     # The handler only appends: it runs on the main thread between bytecodes, possibly while that thread holds a
     # lock (an Event's condition), so setting an Event from it can deadlock the park (seen in CI under load).
     received: list[int] = []
-    proc = start_child(module, [job_json], {**environ, **launch.env})
+    proc = start_child(module, [job_json], {**with_tf_environment(environ), **launch.env})
 
     def forward(signum: int, frame: Any) -> None:
         received.append(signum)

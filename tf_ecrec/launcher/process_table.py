@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.config import ClusterConfig, with_tf_environment
 from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
 from tf_ecrec.launcher.model_dir import job_file, log_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
@@ -164,7 +164,7 @@ class ProcessTable:
 
     def base_environment(self) -> dict[str, str]:
         """What every task's environment starts from (the fork server's too)."""
-        env = dict(os.environ)
+        env = with_tf_environment(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         if self.job.deterministic:
             env["TF_DETERMINISTIC_OPS"] = "1"
