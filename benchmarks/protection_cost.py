@@ -59,6 +59,9 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_ecrec.config import with_tf_environment
+
+os.environ.update(with_tf_environment(os.environ))
 
 import numpy as np
 import tensorflow as tf

@@ -19,6 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_ecrec.config import with_tf_environment
+
+os.environ.update(with_tf_environment(os.environ))
 
 SERVER = """
 import json, sys

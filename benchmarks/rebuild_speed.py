@@ -26,13 +26,17 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
 
+from tf_ecrec.config import with_tf_environment
 from tf_ecrec.launcher.ports import pick_ports
 
 TABLES, DIM = 26, 16
+# The PS processes and this one start TensorFlow as the launcher's tasks do (before it is imported).
+os.environ.update(with_tf_environment(os.environ))
 
 
 def start_ps(spec: dict, index: int) -> subprocess.Popen:

@@ -242,8 +242,12 @@ sooner. A user who wants oneDNN sets ``TF_ENABLE_ONEDNN_OPTS=1`` in the task's e
 
 
 def with_tf_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with `TF_ENVIRONMENT`'s variables added where `env` does not set them."""
+    """`env` with `TF_ENVIRONMENT`'s variables added where `env` does not set them.
+
+    In a process that runs TensorFlow itself (a benchmark, the tests), ``os.environ.update(with_tf_environment(
+    os.environ))`` before TensorFlow is imported; this module does not import it."""
     return {**TF_ENVIRONMENT, **env}
+
 
 
 @contextlib.contextmanager

@@ -1,9 +1,8 @@
 import json
-import os
 
 import pytest
 
-from tf_ecrec.config import TF_ENVIRONMENT, ClusterConfig, tf_config_env, with_tf_environment
+from tf_ecrec.config import ClusterConfig, tf_config_env, with_tf_environment
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.process_table import ProcessTable
 from tf_ecrec.launcher.spec import JobSpec
@@ -115,7 +114,3 @@ def test_every_launched_task_starts_with_them(monkeypatch):
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
     assert ProcessTable(JobSpec()).base_environment()["TF_ENABLE_ONEDNN_OPTS"] == "1"
 
-
-def test_the_tests_run_with_the_products_tensorflow_settings():
-    # tests/conftest.py sets them before anything imports TensorFlow (it cannot import this module to do so).
-    assert {k: os.environ.get(k) for k in TF_ENVIRONMENT} == TF_ENVIRONMENT
