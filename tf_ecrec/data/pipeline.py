@@ -151,7 +151,7 @@ def _arrays_dataset(gen: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.
         ),
     )
     zero = tf.constant(0, tf.int64)
-    ds = ds.map(lambda d, c, y: ({"dense": _dense_transform(d), "cat": c, CORRUPT_KEY: zero}, y))
+    ds = ds.map(lambda d, c, y: ({"dense": dense_transform(d), "cat": c, CORRUPT_KEY: zero}, y))
     return without_autotune(ds.prefetch(2))
 
 
@@ -189,21 +189,8 @@ def input_fn_without_autotune(input_fn: Callable[..., Any]) -> Callable[..., Any
     return wrapped
 
 
-def materialized_dataset(source: SyntheticCriteo, start: int, end: int, batch_size: int) -> tf.data.Dataset:
-    """Records [start, end) of a synthetic `source`, read now, as a dataset that repeats them in batches.
-
-    For an input pipeline built on one process and run on another (a TF2
-    ParameterServerStrategy worker's, made from the coordinator's
-    ``dataset_fn``): a generator's Python cannot run there, so the records go
-    into the dataset's graph.  Hold a worker's share only (``end - start``
-    records of 13 + 26 + 1 numbers).
-    """
-    b = source.read(start, end)
-    features = {"dense": _dense_transform(tf.constant(b.dense)), "cat": tf.constant(b.cat)}
-    return tf.data.Dataset.from_tensor_slices((features, tf.constant(b.label))).repeat().batch(batch_size)
-
-
-def _dense_transform(raw: tf.Tensor) -> tf.Tensor:
+def dense_transform(raw: tf.Tensor) -> tf.Tensor:
+    """The model's dense features from the raw counts: ``log1p`` of the count, negatives as 0."""
     return tf.math.log1p(tf.cast(tf.maximum(raw, 0), tf.float32))
 
 
@@ -216,7 +203,7 @@ def _parse_lines(lines: tf.Tensor, bad: tf.Tensor, sizes: tf.Tensor) -> tuple[di
     )
     cols = tf.io.decode_csv(lines, record_defaults=defaults, field_delim="\t", na_value="")
     label = tf.cast(cols[0], tf.float32)
-    dense = _dense_transform(tf.stack(cols[1 : 1 + NUM_DENSE], axis=1))
+    dense = dense_transform(tf.stack(cols[1 : 1 + NUM_DENSE], axis=1))
     hashed = tf.strings.to_hash_bucket_fast(tf.stack(cols[1 + NUM_DENSE :], axis=1), (1 << 62))
     return {"dense": dense, "cat": tf.math.floormod(hashed, sizes), CORRUPT_KEY: bad}, label
 
@@ -282,7 +269,7 @@ def with_step_keyed_data(model_fn: ModelFn, source: Source, batch_size: int, tab
             dense.set_shape([None, NUM_DENSE])
             cat.set_shape([None, NUM_CAT])
             label.set_shape([None])
-            features = {"dense": _dense_transform(dense), "cat": cat, CORRUPT_KEY: tf.constant(0, tf.int64)}
+            features = {"dense": dense_transform(dense), "cat": cat, CORRUPT_KEY: tf.constant(0, tf.int64)}
             labels = label
         return model_fn(features=features, labels=labels, mode=mode, params=params, config=config)
 

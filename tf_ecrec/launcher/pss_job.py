@@ -14,8 +14,9 @@ computed by the chief: the strategy's variables have no names another
 process could read them by), in ``<model_dir>/digest.json``.  Recoveries are
 also appended to ``<model_dir>/recovery.jsonl``.
 
-Each worker's input is its share of the synthetic records, read into its
-input pipeline (`tf_ecrec.data.pipeline.materialized_dataset`).  Not
+Each worker's input is the synthetic records (the same for every worker: the strategy makes one input
+pipeline and runs it on each), written once into ``<model_dir>/input`` and loaded by the pipeline
+(`tf_ecrec.data.saved_shares`).  Not
 supported with ``--strategy pss`` (each refused by `check_pss_job`): Criteo
 files, the job master and its data sharding, elastic workers, spare PS,
 ``--restart-at new-port`` (a survivor PS cannot reach a moved PS:
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -46,7 +46,7 @@ _LOG = logging.getLogger(__name__)
 STEP_REPORT_SECS = 0.25
 STEP_REPORT_LAG_SECS = 1.0
 MAX_RECORDS_PER_WORKER = 1 << 20
-"""A worker's input holds at most this many records (then repeats them): they live in its pipeline's graph."""
+"""A worker's input holds at most this many records (then repeats them), written to the model dir once."""
 
 
 def check_pss_job(job: JobSpec) -> None:
@@ -89,7 +89,7 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     import tensorflow as tf
 
     import tf_ecrec.pss
-    from tf_ecrec.data.pipeline import materialized_dataset
+    from tf_ecrec.data.saved_shares import SavedShares
     from tf_ecrec.data.synthetic import SyntheticCriteo
     from tf_ecrec.ec_config import ECConfig
 
@@ -112,11 +112,16 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
                       loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
     source = SyntheticCriteo(data_sizes(params), job.steps * job.batch_size, seed=job.seed)
 
+    # The strategy traces the dataset_fn once, with one input pipeline, and runs that function on every worker:
+    # each worker reads the same records (TensorFlow's tutorial says so of its own input).
+    shares = SavedShares(source, 1, os.path.join(job.model_dir, "input"), job.batch_size, MAX_RECORDS_PER_WORKER)
+    shares.write()
+
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        share = math.ceil(source.num_records / context.num_input_pipelines)
-        start = context.input_pipeline_id * share
-        end = min(source.num_records, start + share, start + MAX_RECORDS_PER_WORKER)
-        return materialized_dataset(source, start, end, job.batch_size)
+        if context.num_input_pipelines != shares.num_shares:
+            raise ConfigError(f"{context.num_input_pipelines} input pipelines; rule: {shares.num_shares}, what "
+                              "TensorFlow 2.15's ParameterServerStrategy gives; source: the strategy's InputContext")
+        return shares.dataset(context.input_pipeline_id)
 
     reporter = _StepReporter(model, sender, job.batch_size)
     log_path = os.path.join(job.model_dir, "recovery.jsonl")
