@@ -64,6 +64,7 @@ from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.graph import WHOLE_MARKERS
 from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import raising_ready_op
+from tf_ecrec.retry import duplicate_request
 from tf_ecrec.step_program import GENERATION_SHIFT, TargetKind
 from tf_ecrec.verify import check_parity
 
@@ -334,6 +335,7 @@ class Stats:
     parity_checks: int = 0
     unrecoverable: int = 0
     chief_call_deadlines: int = 0  # a chief-side call cut by its deadline: the chief restarted (a full settlement)
+    chief_call_duplicates: int = 0  # one refused as delivered twice by gRPC's retry: the same restart
     violations: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, other: Stats) -> None:
@@ -715,7 +717,7 @@ class Sequence:
                 self._advance(w, flush=True)
                 if [len(s.actions) for s in (w.step, w.carried) if s is not None] == before and w.round is None \
                         and (self.stats.fold_rounds == rounds or len(w.returned) == left):
-                    self._settle_dead()  # blocked behind a dead step (or a round made nothing durable)
+                    self._chief_call(self._settle_dead)  # blocked behind a dead step (or a round made nothing durable)
         for w in self.workers:
             if w.zombie:
                 self._abandon(w)
@@ -772,8 +774,9 @@ class Sequence:
 
     def _chief_call(self, action: Callable[[], None], attempts: int = 3) -> None:
         """Runs a chief-side `action`; one cut by its session deadline is what a launched chief meets when a
-        call outlives its operation timeout: its session fails and the restarted chief settles everything.
-        Past `attempts` such restarts in a row the deadline is the sequence's failure, named."""
+        call outlives its operation timeout, or one TensorFlow refuses as delivered twice: its session fails and
+        the restarted chief settles everything. Past `attempts` such restarts in a row the deadline is the
+        sequence's failure, named."""
         for attempt in range(attempts):
             try:
                 if attempt == 0:
@@ -783,6 +786,12 @@ class Sequence:
                 return
             except tf.errors.DeadlineExceededError:
                 self.stats.chief_call_deadlines += 1
+            except tf.errors.AbortedError as exc:
+                # The transport delivered a call twice and TensorFlow refused the second (a CI run of
+                # 2026-12-01, settlement's fold call): the launched chief's session fails on it as on a deadline.
+                if not duplicate_request(exc):
+                    raise
+                self.stats.chief_call_duplicates += 1
         raise HungAction(f"seed {self.seed}: {attempts} chief calls in a row outlived their {ACTION_TIMEOUT_MS} ms "
                          "deadline")
 

@@ -73,3 +73,22 @@ def test_a_ps_killed_for_its_silence_failed_at_its_last_answer():
     events[1].extra["diagnosis"] = {"kind": "hang", "silent_seconds": 3.0}  # silent from t=27, killed at 30
     [cost] = failure_costs(events, steps, T0, taken_back=[0], batch_size=100)
     assert cost["training_seconds_lost"] == pytest.approx(8.0, abs=0.6)
+
+
+def test_a_second_kill_before_the_first_resumed_is_inside_the_first_failures_figure():
+    # ps:1 killed at 30, ps:2 at 31 (during the first's move), training back at 36: the first figure counts the
+    # whole pause, and the second has none of its own (no rate before it that the first did not cut). A second
+    # kill after the first resumed ends the first's span instead.
+    steps = {"chief:0": _steady(1000, 0, 70, gaps=[(30, 36)])}
+    events = [Event(0.0, "start", "chief:0", 0), Event(30, "kill", "ps:1", 500), Event(31, "kill", "ps:2", 500),
+              Event(36, "resumed", "ps:1", 501), Event(36, "resumed", "ps:2", 501), Event(70, "exit", "chief:0", 2000)]
+    first, second = failure_costs(events, steps, T0, taken_back=[0, 0], batch_size=100)
+    assert first["back"] and first["seconds_to_rate"] == pytest.approx(6.0, abs=0.51)
+    assert first["training_seconds_lost"] == pytest.approx(6.0, abs=0.6)
+    assert second["training_seconds_lost"] is None
+
+    cut = [Event(0.0, "start", "chief:0", 0), Event(30, "kill", "ps:1", 500), Event(31, "resumed", "ps:1", 501),
+           Event(33, "kill", "ps:2", 500), Event(36, "resumed", "ps:2", 501), Event(70, "exit", "chief:0", 2000)]
+    steps = {"chief:0": _steady(1000, 0, 70, gaps=[(30, 31), (33, 36)])}
+    first, _ = failure_costs(cut, steps, T0, taken_back=[0, 0], batch_size=100)
+    assert not first["back"] and first["training_seconds_lost"] == pytest.approx(1.0, abs=0.6)  # up to the next kill
