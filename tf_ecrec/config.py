@@ -249,7 +249,6 @@ def with_tf_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {**TF_ENVIRONMENT, **env}
 
 
-
 @contextlib.contextmanager
 def tf_config_env(cfg: ClusterConfig | None) -> Iterator[None]:
     """Sets TF_CONFIG to `cfg` (or removes it for None) for the block, then restores it.

@@ -793,7 +793,7 @@ class Sequence:
                     raise
                 self.stats.chief_call_duplicates += 1
         raise HungAction(f"seed {self.seed}: {attempts} chief calls in a row outlived their {ACTION_TIMEOUT_MS} ms "
-                         "deadline")
+                         "deadline or were refused as delivered twice")
 
     def _full_settle(self, where: str) -> None:
         self.rig.plan.prepare(self.sess, restore=None)  # nothing lost: a chief (re)start settles everything

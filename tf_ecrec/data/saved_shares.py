@@ -81,7 +81,8 @@ class SavedShares:
             shutil.rmtree(partial, ignore_errors=True)  # what a coordinator killed while writing left
             start, end = self.bounds(share)
             batch = self.source.read(start, end)
-            records = tf.data.Dataset.from_tensor_slices(({"dense": dense_transform(batch.dense), "cat": batch.cat}, batch.label))
+            features = {"dense": dense_transform(batch.dense), "cat": batch.cat}
+            records = tf.data.Dataset.from_tensor_slices((features, batch.label))
             records.batch(CHUNK_RECORDS).save(partial)
             os.replace(partial, final)
             written.append(final)
