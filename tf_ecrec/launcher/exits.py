@@ -47,7 +47,7 @@ HANG_MIN_STEPS = 10
 class ExitWatch:
     """See the module docstring; the supervisor calls it from its loop thread only."""
 
-    def __init__(self, run: Any, limits: MemoryLimits | None = None) -> None:
+    def __init__(self, run: Any, limits: MemoryLimits | None = None, probe: PsProbe | None = None) -> None:
         self._run = run
         job = run.job
         self._limits = limits if limits is not None else (CgroupMemoryLimits() if job.ps_memory_mb else None)
@@ -56,8 +56,9 @@ class ExitWatch:
         self._injections = [parse_injection(t) for t in job.injections]
         self._hung: set[str] = set()
         self._silent: dict[str, tuple[float, float | None]] = {}  # a PS killed for silence -> (silent s, CPU share)
-        self._answered: dict[str, tuple[float, float, float | None]] = {}  # PS -> (its last answer, seen at, CPU s then)
-        self._probe = PsProbe() if getattr(job, "ps_hang_secs", 0) else None
+        # PS silent past half --ps-hang-secs -> (its last answer, when that was seen, its busy seconds then)
+        self._answered: dict[str, tuple[float, float, float | None]] = {}
+        self._probe = (probe or PsProbe()) if getattr(job, "ps_hang_secs", 0) else None
 
     def environment(self, task: TaskProcess) -> dict[str, str]:
         """What `task`'s process needs in its environment (its memory cgroup)."""
@@ -108,12 +109,17 @@ class ExitWatch:
             last = self._probe.last_answer(task.name, task.cluster.address)
             if last is None or last < task.started_at:
                 continue
-            cpu = busy_seconds(task.process.pid)  # run or waited to run: a starved PS is busy too
+            hang_secs = self._run.job.ps_hang_secs
+            if now - last <= hang_secs / 2:  # answering: no CPU read (a PS's threads are a hundred files)
+                continue
             seen = self._answered.get(task.name)
-            if seen is None or seen[0] != last:  # a new answer: the CPU its silence, if any, is weighed against
-                seen = self._answered[task.name] = (last, now, cpu)
+            if seen is None or seen[0] != last:  # silent for half the bound: the CPU its silence is weighed against
+                seen = self._answered[task.name] = (last, now, busy_seconds(task.process.pid))
+            if now - last <= hang_secs:
+                continue
+            cpu = busy_seconds(task.process.pid)  # run or waited to run: a starved PS is busy too
             share = (cpu - seen[2]) / (now - seen[1]) if cpu is not None and seen[2] is not None and now > seen[1] else None
-            if not is_hung(now - last, share, self._run.job.ps_hang_secs):
+            if not is_hung(now - last, share, hang_secs):
                 continue
             task.process.send_signal(signal.SIGKILL)
             task.process.wait()

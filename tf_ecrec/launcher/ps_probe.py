@@ -17,8 +17,10 @@ its role, or it is restarted, and the job rebuilds it from parity).  So the dete
 A PS that is only slow to answer is not hung: on a shared machine a PS busy with a rebuild's slices
 beside other jobs went 4 s without answering the probe and was killed, which cost a second move and
 rebuild for nothing.  So the silence is weighed against the process's own evidence, its CPU time
-(`is_hung`): a PS that spent at least `BUSY_SHARE` of a core since its last answer is working, and
-is given up to `BUSY_GRACE` times ``--ps-hang-secs`` before it is killed all the same.  A stopped
+(`is_hung`): a PS that spent at least `BUSY_SHARE` of a core since it went silent for half of
+``--ps-hang-secs`` (read then and at the bound: a PS that answers is never read, its hundred thread
+files read twenty times a second took a third of a core of the launcher's) is working, and is given
+up to `BUSY_GRACE` times ``--ps-hang-secs`` before it is killed all the same.  A stopped
 process spends nothing; one cut off by a partition, or stuck on a lock, next to nothing (its
 heartbeat threads).
 """
