@@ -43,19 +43,21 @@ class _Probe:
 def watch(monkeypatch):
     procs = [subprocess.Popen([sys.executable, "-c", code]) for code in
              ("import time\nwhile True: time.sleep(1)", "while True: pass")]
-    tasks = {f"ps:{i}": TaskProcess(ClusterConfig(CLUSTER, "ps", i), process=p, state=TaskState.RUNNING, started_at=1.0)
-             for i, p in enumerate(procs)}
-    run = SimpleNamespace(tasks=tasks, global_step=0, job=SimpleNamespace(ps_memory_mb=None, injections=(), hang_secs=0,
-                                                           ps_hang_secs=HANG_SECS),
-                          table=SimpleNamespace(ps=lambda: list(tasks.values()), trainers=lambda: []))
-    reads: list[int] = []
-    real = exits.busy_seconds
-    monkeypatch.setattr(exits, "busy_seconds", lambda pid: reads.append(pid) or real(pid))
-    probe = _Probe()
-    yield ExitWatch(run, probe=probe), probe, tasks, reads
-    for p in procs:
-        p.kill()
-        p.wait()
+    try:  # the spinning child never outlives the test, whatever fails
+        tasks = {f"ps:{i}": TaskProcess(ClusterConfig(CLUSTER, "ps", i), process=p, state=TaskState.RUNNING,
+                                        started_at=1.0) for i, p in enumerate(procs)}
+        job = SimpleNamespace(ps_memory_mb=None, injections=(), hang_secs=0, ps_hang_secs=HANG_SECS)
+        run = SimpleNamespace(tasks=tasks, global_step=0, job=job,
+                              table=SimpleNamespace(ps=lambda: list(tasks.values()), trainers=lambda: []))
+        reads: list[int] = []
+        real = exits.busy_seconds
+        monkeypatch.setattr(exits, "busy_seconds", lambda pid: reads.append(pid) or real(pid))
+        probe = _Probe()
+        yield ExitWatch(run, probe=probe), probe, tasks, reads
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_a_ps_that_answers_is_never_read(watch):
