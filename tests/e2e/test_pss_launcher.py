@@ -29,6 +29,9 @@ def test_a_ps_killed_during_keras_fit_is_rebuilt_from_parity(tmp_path):
         (entry,) = [json.loads(line) for line in fh]
     assert entry["method"] == "parity" and entry["lost_ps"] == [1] and entry["steps_rolled_back"] == 0
     assert "recovered lost PS [1] by parity" in result.stderr
+    # The coordinator's recovery rebuilt the tables while fit trained on (tf_ecrec.pss.rebuild).
+    assert rec["rebuilt_in_background"] is True, rec
+    assert "rebuilds lost PS [1] while training goes on" in result.stderr
 
 
 @pytest.mark.parametrize("flags, rule", [
@@ -42,22 +45,24 @@ def test_pss_refuses_what_it_does_not_support(tmp_path, flags, rule):
 
 
 def test_a_coordinator_killed_after_a_ps_recovery_resumes_from_its_backup(tmp_path):
-    """Keras' BackupAndRestore in the launcher's job: a backup at each epoch's end (120 steps), taken after a PS
+    """Keras' BackupAndRestore in the launcher's job: a backup at each epoch's end (200 steps), taken after a PS
     was rebuilt (the backup writes every tracked variable, the optimizer's learning-rate variable on the rebuilt
-    PS among them); the chief killed at step 180 restarts from the backup of step 120, not from step 0."""
-    result = cli("run", "--model-dir", str(tmp_path), *PSS, "--ps", "3", "--workers", "2", "--steps", "240",
-                 "--kill", "ps:1@step=60", "--kill", "chief:0@step=180", "--restart-delay", "1")
+    PS among them); the chief killed at step 240 restarts from the backup of step 200, not from step 0.  The
+    epoch after the kill is long (the launcher sees a step up to a second after it is trained, and the steps
+    of this small model take milliseconds): the kill lands before the job ends."""
+    result = cli("run", "--model-dir", str(tmp_path), *PSS, "--ps", "3", "--workers", "2", "--steps", "600",
+                 "--kill", "ps:1@step=60", "--kill", "chief:0@step=240", "--restart-delay", "1")
     assert result.returncode == 0, result.stderr[-4000:]
     with open(os.path.join(tmp_path, "report.json"), encoding="utf-8") as fh:
         report = json.load(fh)
-    assert report["global_step"] == 240
+    assert report["global_step"] == 600
     ps, chief = report["recovery"]
     assert ps["task"] == "ps:1" and ps["method"] == "parity" and ps["steps_rolled_back"] == 0, ps
-    assert chief["task"] == "chief:0" and chief["method"] == "backup" and chief["resumed_from_step"] == 120, chief
-    assert 0 < chief["steps_rolled_back"] <= chief["reached_step"] - 120, chief
+    assert chief["task"] == "chief:0" and chief["method"] == "backup" and chief["resumed_from_step"] == 200, chief
+    assert 0 < chief["steps_rolled_back"] <= chief["reached_step"] - 200, chief
     with open(os.path.join(tmp_path, "recovery.jsonl"), encoding="utf-8") as fh:
         entries = [json.loads(line) for line in fh]
-    assert [e["method"] for e in entries] == ["parity", "backup"] and entries[1]["global_step"] == 120, entries
+    assert [e["method"] for e in entries] == ["parity", "backup"] and entries[1]["global_step"] == 200, entries
     parity = report["parity"]
     assert parity["rows_checked"] > 0 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity
     assert os.listdir(os.path.join(tmp_path, "backup")) == [], "BackupAndRestore deletes its backup when fit ends"

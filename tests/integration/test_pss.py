@@ -171,8 +171,9 @@ def rebuild_is_exact_case() -> None:
             cuts = 1
 
             def _rebuild_tables(self, lost: list[int]) -> Any:
-                if self.cuts:
+                if self.cuts:  # after T0: the lost rows pending, the survivors preserving
                     self.cuts -= 1
+                    super()._rebuild_tables(lost)[0].stop()
                     raise tf.errors.UnavailableError(None, None, "injected: a channel dropped during the rebuild")
                 return super()._rebuild_tables(lost)
 
@@ -188,6 +189,7 @@ def rebuild_is_exact_case() -> None:
                 result = recovery.recover(timeout_secs=120)
                 assert result.lost == [ps] and result.attempts == attempts, result
                 assert result.settled == {"undone": 0, "finished": 0, "committed": 0}, result
+                assert result.rebuilt_in_background and recovery.wait_rebuilt(120), result  # the walk, no lookup
                 assert result.variables_rebuilt > 0 and result.bytes_rebuilt > 0, result
                 now = _values(model)
                 assert sorted(now) == sorted(held)
@@ -213,6 +215,7 @@ def kill_during_fit_case() -> None:
         import tensorflow as tf
 
         import tf_ecrec.pss
+        from tf_ecrec.pss.recovery import PSSRecovery
 
         cluster, protection = _setup()
         try:
@@ -220,10 +223,15 @@ def kill_during_fit_case() -> None:
             seen: dict[int, int] = {}
             started = fit_started()
 
+            recovery = PSSRecovery(protection, model)
+
+            def rebuilding() -> bool:  # PS 0 lost while PS 1 is rebuilt would be two chunks of a stripe: beyond r
+                return recovery.rebuilding is None or not recovery.rebuilding.finished
+
             def killer() -> None:
                 started.event.wait(120)
                 for ps, at in ((1, 20), (0, 45)):
-                    while int(model.optimizer.iterations.numpy()) < at:
+                    while int(model.optimizer.iterations.numpy()) < at or (ps == 0 and rebuilding()):
                         time.sleep(0.01)
                     seen[ps] = int(model.optimizer.iterations.numpy())
                     cluster.kill("ps", ps)
@@ -233,9 +241,10 @@ def kill_during_fit_case() -> None:
             thread = threading.Thread(target=killer, daemon=True)
             thread.start()
             result = tf_ecrec.pss.fit(model, _data(tf), epochs=4, steps_per_epoch=20, verbose=0, timeout_secs=120,
-                                      callbacks=[started])
+                                      callbacks=[started], recovery=recovery)
             thread.join(timeout=60)
             assert [r.lost for r in result.recoveries] == [[1], [0]], result
+            assert all(r.rebuilt_in_background for r in result.recoveries), result
             for r, ps in zip(result.recoveries, (1, 0)):
                 # No rollback: the job resumes at least where it was seen before the kill, less the cut
                 # steps settlement undid (a rolled-back job would resume at a checkpoint's step).
@@ -514,6 +523,7 @@ def coordinator_loop_case() -> None:
                     cluster.kill("ps", 2)
                     cluster.restart("ps", 2)
             assert done >= 40 and len(recoveries) == 1, recoveries
+            assert recovery.wait_rebuilt(120)
             _check_parity(model)
         finally:
             cluster.close()

@@ -102,6 +102,7 @@ def generated_case(seed: int = SEED, counts_its_own: bool = False) -> None:
                 where = f"failure {i} ({kind}, PS {lost}, schedule {schedule}, seed {seed})"
                 result = recovery.recover(timeout_secs=120, checkpoint=saved[0] if kind == "checkpoint" else None)
                 assert result.lost == lost, (where, result)
+                assert recovery.wait_rebuilt(120), (where, result)  # the tables rebuilt in the background
                 admitted = _admitted(recovery)
                 assert admitted == [before + 1] * num_ps and recovery.generation == before + 1, (
                     f"{where}: the logs admit generations {admitted} and the object says {recovery.generation}, "

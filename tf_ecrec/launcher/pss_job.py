@@ -46,6 +46,8 @@ _LOG = logging.getLogger(__name__)
 STEP_REPORT_SECS = 0.25
 STEP_REPORT_LAG_SECS = 1.0
 MAX_RECORDS_PER_WORKER = 1 << 20
+REBUILD_REPORT_SECS = 3600.0
+"""How long the report of a background rebuild's end waits for it (then the job's end tells what it did)."""
 """A worker's input holds at most this many records (then repeats them), written to the model dir once."""
 
 
@@ -77,6 +79,16 @@ def serve(cluster: ClusterConfig) -> None:
     server = start_server(cluster)
     _LOG.info("%s serving at %s", cluster.task, cluster.address)
     server.join()
+
+
+def _report_rebuilt(sender: Any, result: Any, reporter: Any) -> None:
+    """Once a recovery's background rebuild installed every row: "recovered", with its bytes and seconds."""
+    rebuild = result.rebuild
+    if not rebuild.wait(REBUILD_REPORT_SECS):
+        return  # stopped by a failure: the next recovery reports
+    sender.send(StatusKind.RECOVERED, method="parity", lost_ps=result.lost, bytes_rebuilt=rebuild.bytes,
+                rebuild_seconds=round(rebuild.job.seconds or 0.0, 3), step=reporter.last_step, phases={},
+                steps_undone=0, steps_finished=0, folds_rolled_back=0)
 
 
 def _steps_per_epoch(steps: int) -> int:
@@ -134,10 +146,17 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
         with open(log_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
         if sender is not None:
-            sender.send(StatusKind.RECOVERED, method="parity", lost_ps=result.lost, bytes_rebuilt=result.bytes_rebuilt,
-                        rebuild_seconds=round(result.seconds - result.reconnect_seconds, 3), step=result.step,
-                        phases={"reconnect": round(result.reconnect_seconds, 3)},
-                        steps_undone=entry["steps_undone"], steps_finished=entry["steps_finished"], folds_rolled_back=0)
+            settled = {"steps_undone": entry["steps_undone"], "steps_finished": entry["steps_finished"],
+                       "folds_rolled_back": 0}
+            phases = {"reconnect": round(result.reconnect_seconds, 3)}
+            if result.rebuild is None:
+                sender.send(StatusKind.RECOVERED, method="parity", lost_ps=result.lost, bytes_rebuilt=result.bytes_rebuilt,
+                            rebuild_seconds=round(result.seconds - result.reconnect_seconds, 3), step=result.step,
+                            phases=phases, **settled)
+            else:  # training resumes now, the tables' rows installed meanwhile ("recovered" once they are)
+                sender.send(StatusKind.REBUILDING, lost_ps=result.lost, seconds=round(result.seconds, 3), step=result.step,
+                            phases=phases, **settled)
+                threading.Thread(target=_report_rebuilt, args=(sender, result, reporter), daemon=True).start()
             sender.send(StatusKind.SESSION, step=result.step, session=1 + len(reporter.sessions))
         reporter.sessions.append(result.step)
 

@@ -80,6 +80,7 @@ _LAZY = {
     "preserve_ranges": "recovery_view",
     "read_preserved_row_words": "recovery_view",
     "rebuild_begin_pending": "recovery_view",
+    "rebuild_forget_pending": "recovery_view",
     "recovery_view_stats": "recovery_view",
     "wait_wanted": "recovery_view",
     "wanted_rows": "recovery_view",

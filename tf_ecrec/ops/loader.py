@@ -98,6 +98,7 @@ OP_NAMES = (
     "EcRec>CombineRows",
     "EcRec>WriteRowWords",
     "EcRec>RebuildBeginPending",
+    "EcRec>RebuildForgetPending",
     "EcRec>RecoveryViewStats",
     "EcRec>AwaitRebuiltRows",
     "EcRec>WantedRows",

@@ -28,6 +28,7 @@ __all__ = [
     "preserve_ranges",
     "read_preserved_row_words",
     "rebuild_begin_pending",
+    "rebuild_forget_pending",
     "recovery_view_stats",
     "wait_wanted",
     "wanted_rows",
@@ -39,6 +40,11 @@ def rebuild_begin_pending(
 ) -> tf.Operation | None:
     """Marks rows ``[0, rows)`` of ``variable``'s group pending on its PS: lookups wait, updates are refused."""
     return _group_op("ec_rec_rebuild_begin_pending", log, variable, name, rows=int64_tensor(rows, "rows"))
+
+
+def rebuild_forget_pending(log: tf.Tensor, name: str | None = None) -> tf.Operation | None:
+    """Forgets every pending row of the log's PS (a new T0 supersedes an unfinished rebuild's); waiters fail."""
+    return call_log_op("ec_rec_rebuild_forget_pending", log, name)
 
 
 def recovery_view_stats(log: tf.Tensor, name: str | None = None) -> tf.Tensor:

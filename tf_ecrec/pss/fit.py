@@ -10,6 +10,10 @@ raise for a closure the failure cut) it waits for the PS to come back, recovers 
 job is at: the iteration count, rebuilt with everything else, says how many
 steps are done (a step the failure cut and settlement undid is run again).
 An epoch cut in the middle is finished by a call of its remaining steps.
+A recovery rebuilds the lost tables while ``model.fit`` trains on (`tf_ecrec.pss.rebuild`); a save
+waits for that rebuild (a row not installed yet would be saved as zeros): at each epoch's end (Keras'
+checkpoint callbacks and the backups save there: the strategy refuses callbacks at batch ends), before
+a checkpoint of ``checkpoint_dir`` and before `fit` returns.
 With ``checkpoint_dir`` a loss beyond the code falls back to the last
 checkpoint (`tf_ecrec.pss.checkpoint`) instead of raising.
 The input is the user's: a `DatasetCreator` makes each worker's dataset
@@ -114,27 +118,31 @@ def fit(
         if result.restored_step is not None and on_restored is not None:
             on_restored(result.restored_step)
     total = int(epochs) * int(steps_per_epoch)
+    gate = _RebuildGate(recovery, timeout_secs)
     while True:
         done = int(model.optimizer.iterations.numpy())
-        if done >= total:
+        if done >= total and recovery.wait_rebuilt(timeout_secs):
             result.steps = done
             backups.finish()
             return result
         epoch, within = divmod(done, int(steps_per_epoch))
         settler = _StaleSettler(recovery, result)
         try:
+            if done >= total:  # every step trained, the rebuild stopped: the failure that stopped it is recovered
+                raise tf.errors.UnavailableError(None, None, "the background rebuild of a lost PS stopped")
             if within or checkpoint_dir:  # one epoch (finish the epoch a failure cut; checkpoint between epochs)
                 result.histories.append(model.fit(
                     x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
-                    callbacks=backups.others, verbose=verbose, **fit_kwargs))
+                    callbacks=[gate, *backups.others], verbose=verbose, **fit_kwargs))
                 if checkpoint_dir and (epoch + 1) % checkpoint_epochs == 0:
                     settler.stop()
+                    gate.wait()
                     step = int(model.optimizer.iterations.numpy())
                     result.checkpoints.append(save(recovery, os.path.join(checkpoint_dir, f"ckpt-{step}")))
             else:
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
-                    callbacks=backups.others, verbose=verbose, **fit_kwargs))
+                    callbacks=[gate, *backups.others], verbose=verbose, **fit_kwargs))
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
             if not _may_be_a_task_failure(exc):
                 raise
@@ -164,6 +172,27 @@ def _may_be_a_task_failure(exc: BaseException) -> bool:
     a closure a PS failure cut (``RemoteExecuteNode::RunAsync``) instead of the failure itself.  The
     recovery tells which (nothing lost: ``model.fit`` runs again, at most `max_failures` times)."""
     return is_ps_failure(exc) or isinstance(exc, tf.errors.CancelledError)
+
+
+class _RebuildGate(tf.keras.callbacks.Callback):
+    """First of ``model.fit``'s callbacks: a save after it waits for a background rebuild (the module doc).
+
+    A rebuild that stopped (a failure during it) raises ``UnavailableError``: ``model.fit`` ends, and `fit`
+    recovers the failure instead of letting a callback save rows that were never installed."""
+
+    def __init__(self, recovery: PSSRecovery, timeout_secs: float) -> None:
+        super().__init__()
+        self._recovery = recovery
+        self._timeout = timeout_secs
+
+    def wait(self) -> None:
+        rebuilding = self._recovery.rebuilding
+        if rebuilding is not None and not rebuilding.finished and not self._recovery.wait_rebuilt(self._timeout):
+            raise tf.errors.UnavailableError(None, None, "the background rebuild of a lost PS did not finish before a "
+                                             f"save ({self._timeout:.0f} s, or stopped by a failure)")
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.wait()
 
 
 class _StaleSettler:

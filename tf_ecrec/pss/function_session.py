@@ -11,6 +11,7 @@ placed on PS devices run there, in the coordinator's distributed context.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ class FunctionSession:
         self._wrapped = tf.compat.v1.wrap_function(trace, [])
         self.built: Any = box[0]
         self._pruned: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()  # a background rebuild's loops run on several threads
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None) -> Any:
         """Like ``tf.compat.v1.Session.run``: nested fetches of tensors and ops (ops give None);
@@ -49,10 +51,11 @@ class FunctionSession:
         tensors = [f for f in flat if isinstance(f, tf.Tensor)]
         ops = [f for f in flat if isinstance(f, tf.Operation)]
         key = (tuple(id(f) for f in flat), tuple(id(k) for k, _ in feeds))
-        fn = self._pruned.get(key)
-        if fn is None:
-            fn = self._wrapped.prune(feeds=[k for k, _ in feeds], fetches=tensors + ops)
-            self._pruned[key] = fn
+        with self._lock:
+            fn = self._pruned.get(key)
+            if fn is None:
+                fn = self._wrapped.prune(feeds=[k for k, _ in feeds], fetches=tensors + ops)
+                self._pruned[key] = fn
         args = [tf.convert_to_tensor(np.asarray(v, dtype=k.dtype.as_numpy_dtype)) for k, v in feeds]
         outputs = fn(*args)
         values = iter([o.numpy() for o in tf.nest.flatten(outputs)[: len(tensors)]])

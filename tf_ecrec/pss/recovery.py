@@ -13,12 +13,12 @@ back (restarted at its address, or at a new one the cluster resolver names), `PS
 4. re-creates every variable of the lost PS (a `tf.Variable` whose PS restarted is dead for good) on
    the restarted PS with the layout's placement, and points the model's layers, the tables, the
    optimizer and the protection at the new objects;
-5. rebuilds them: table chunks and their slots decoded PS to PS in slices (`tf_ecrec.rebuild.stripes`),
-   parity re-encoded the same way, dense variables and the iteration count copied from a surviving
-   replica;
+5. rebuilds them: dense variables and the iteration count copied from a surviving replica; table chunks
+   with their slots, and parity, decoded PS to PS in slices while ``fit`` trains on (`tf_ecrec.pss.rebuild`:
+   their rows pending, a lookup waits for the rows it reads), or before it with ``background=False``;
 6. drops the model's traced step so the next ``fit`` retraces it over the new variables.
 
-Training does not run during these steps (the coordinator stopped with the error); `tf_ecrec.pss.fit`
+Training stops for steps 1-4 and 5's start (the coordinator stopped with the error); `tf_ecrec.pss.fit`
 resumes at the step the job was at.  A task failure during them (the restarted PS not answering yet, a
 channel still backing off, the PS lost again) starts the recovery over from step 1; a PS whose
 variables a cut attempt re-created stays lost until an attempt finishes it, although its new anchor
@@ -44,12 +44,11 @@ from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.placement import resolver_of
+from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, sync
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
-from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.step_program import MAX_GENERATION
 from tf_ecrec.steplog import STALE_SECS, Reconciler
-from tf_ecrec.stripe_encoding import row_words, split_row_words
 
 _LOG = logging.getLogger(__name__)
 
@@ -71,9 +70,11 @@ class PSSRecoveryResult:
     seconds: float = 0.0
     reconnect_seconds: float = 0.0
     attempts: int = 1
+    rebuilt_in_background: bool = False  # bytes_rebuilt counts the dense copies; the tables follow (`rebuild`)
+    rebuild: TableRebuild | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rebuild"}
 
 
 def is_ps_failure(exc: BaseException) -> bool:
@@ -105,12 +106,16 @@ class PSSRecovery:
       protection: the strategy's `tf_ecrec.pss.PSSProtection`.
       model: the Keras model trained under the strategy.
       slice_bytes: bytes of a chunk read per rebuild call (bounds what is in flight).
+      background: rebuild the tables while training goes on (`tf_ecrec.pss.rebuild`); else before it.
     """
 
-    def __init__(self, protection: Any, model: tf.keras.Model, slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
+    def __init__(self, protection: Any, model: tf.keras.Model, slice_bytes: int = DEFAULT_SLICE_BYTES,
+                 background: bool = True) -> None:
         self.protection = protection
         self.model = model
         self.slice_bytes = int(slice_bytes)
+        self.background, self.rebuild_walkers = bool(background), None  # walkers: None, `BackgroundRebuild`'s default
+        self.rebuilding: TableRebuild | None = None  # the background rebuild under way, if any
         self.generation = 0  # the generation this object last set on the logs (`raise_generation`)
         self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
         self._unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
@@ -145,6 +150,9 @@ class PSSRecovery:
         started = time.monotonic()
         deadline = started + timeout_secs
         attempts = 0
+        if self.rebuilding is not None:  # a failure during a background rebuild: its PS are still unfinished
+            self.rebuilding.stop()
+            self.rebuilding = None
         while True:
             attempts += 1
             try:
@@ -193,17 +201,41 @@ class PSSRecovery:
         result.settled = settle.built.settle(settle, alive, lost).counts()
         # 4. new variables on the restarted PS, the references re-pointed.
         replaced = self._replace(lost)
-        # 5. rebuild them.
-        stats = self._rebuild_tables(lost)
-        self._rebuild_dense(replaced)
+        # 5. rebuild them: the tables in the background (T0 now, before any step) or now.
+        rebuild, stats = self._rebuild_tables(lost)
+        copy_dense(self.optimizer.protector, replaced)
         self._resume(settle)
-        self._unfinished = set()
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
         result.step = int(self.optimizer.iterations.numpy())
         result.seconds = time.monotonic() - started
-        _LOG.warning("recovered PS %s from parity at step %d in %.1fs: %s", lost, result.step, result.seconds, result.settled)
+        if rebuild is None:
+            self._unfinished = set()
+        else:  # unfinished until every row is installed
+            result.rebuilt_in_background, result.rebuild, self.rebuilding = True, rebuild, rebuild
+            rebuild.start(lambda done: self._rebuilt(done, result), self.rebuild_walkers)
+        _LOG.warning("recovered PS %s from parity at step %d in %.1fs (tables in the background: %s): %s", lost,
+                     result.step, result.seconds, rebuild is not None, result.settled)
         return result
+
+    def _rebuild_tables(self, lost: list[int]) -> tuple[TableRebuild | None, Any]:
+        """The T0 of the `lost` PS's tables' background rebuild (returned, not started), or their rebuild now."""
+        if not self.background:
+            return None, sync(self.protection, self.optimizer.protector, lost, self.slice_bytes)
+        rebuild = TableRebuild(self.protection, self.optimizer.protector, lost, self.slice_bytes)
+        return rebuild, rebuild.begin().stats
+
+    def _rebuilt(self, rebuild: TableRebuild, result: PSSRecoveryResult) -> None:  # from its last walking thread
+        result.bytes_rebuilt = rebuild.bytes
+        if self.rebuilding is rebuild:
+            self._unfinished -= set(rebuild.lost)
+
+    def wait_rebuilt(self, timeout_secs: float = 600.0) -> bool:
+        """Waits for a background rebuild under way; whether no PS is left unfinished (False: stopped, or timed out)."""
+        rebuilding = self.rebuilding
+        if rebuilding is not None and not rebuilding.wait(timeout_secs):
+            return False
+        return not self._unfinished
 
     def raise_generation(self, settle: FunctionSession, alive: list[int]) -> int:
         """Sets, on the `alive` logs, one above the highest generation any of them admits (or this object
@@ -366,35 +398,3 @@ class PSSRecovery:
         return replaced
 
     # ---- rebuilding them ---------------------------------------------------------------------------
-
-    def _rebuild_tables(self, lost: list[int]) -> RebuildStats:
-        protector = self.optimizer.protector
-        stats = RebuildStats()
-        colls = list(self.protection.collections)
-        rebuild = FunctionSession(lambda: [CollectionRebuild(c, protector, self.slice_bytes) for c in colls])
-        for table in rebuild.built:
-            targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost]
-            present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost} for st in table.layout.stripes}
-            table.run(rebuild, targets, present, None, stats)
-        return stats
-
-    def _rebuild_dense(self, replaced: dict[int, tuple[tf.Variable, tf.Variable]]) -> None:
-        """Dense variables (with slots) and the iteration count from a surviving copy; replicas from their primary."""
-        protector = self.optimizer.protector
-        new_ids = {id(new) for _, new in replaced.values()}
-        for name, primary in protector.protected.items():
-            reps = protector.replicas[name]
-            group = [primary, *protector.slots_of(primary)]
-            is_step = primary.shape.rank == 0
-            if any(id(v) in new_ids for v in group):
-                source = next(r for r in reps if id(r) not in new_ids)
-                with tf.device(primary.device):
-                    if is_step:
-                        primary.assign(source.read_value())
-                    else:
-                        for v, value in zip(group, split_row_words(source.read_value(), group)):
-                            v.assign(value)
-            for rep in reps:
-                if id(rep) in new_ids:
-                    with tf.device(rep.device):
-                        rep.assign(primary.read_value() if is_step else row_words([v.read_value() for v in group], int(primary.shape[0])))

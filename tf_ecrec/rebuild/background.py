@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from tf_ecrec import steplog
 from tf_ecrec.rebuild.stripes import RebuildStats
 from tf_ecrec.retry import Retry, retry_on
 
@@ -30,6 +31,11 @@ RETRY = Retry(max_tries=8, delay=0.5, backoff=2.0, max_delay=10.0, deadline=300.
               retry_if=retry_on(tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError))
 """How a loop of the background rebuild retries one call that failed with a transient error (a PS slow to
 answer, a call cut by the session's operation timeout) before it gives up until the next session."""
+
+
+def _pairs(feeds: Any) -> Any:
+    """(placeholder, value) pairs of a feed dict or of `steplog.FeedPairs`."""
+    return feeds.items() if isinstance(feeds, dict) else feeds
 
 
 class BackgroundRebuild:
@@ -58,24 +64,25 @@ class BackgroundRebuild:
         self.lost = sorted(int(p) for p in lost)
         self._rebuilder = rebuilder
         lost_set = set(self.lost)
-        self._slices: list[tuple[list[Any], dict[Any, Any]]] = []
+        self._slices: list[tuple[list[Any], Any]] = []
         self._wanted: list[Any] = []
-        self._wanted_feeds: dict[Any, Any] = {}
+        wanted_pairs: list[tuple[Any, Any]] = []
         self._row_bytes: dict[Any, int] = {}
         for table in rebuilder._tables:
             targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
             if not targets:
                 continue
             present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost_set} for st in table.layout.stripes}
-            feeds = table.feeds(targets, present)
+            feeds = list(_pairs(table.feeds(targets, present)))
             slice_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][0] for ch in targets]
             wanted_fetch = [table.installs[(ch.stripe, ch.index_in_stripe)][1] for ch in targets if ch.is_data]
             for t in slice_fetch + wanted_fetch:
-                self._row_bytes[t] = table.width * 4
+                self._row_bytes[id(t)] = table.width * 4
             for lo in range(0, table.rows, table.slice_rows):
-                self._slices.append((slice_fetch, {**feeds, table.bg_lo: lo}))
+                self._slices.append((slice_fetch, steplog.feeds(*feeds, (table.bg_lo, lo))))
             self._wanted.extend(wanted_fetch)
-            self._wanted_feeds.update(feeds)
+            wanted_pairs.extend(feeds)
+        self._wanted_pairs = wanted_pairs
         self._next = 0
         self._lock = threading.Lock()
         self.stats = RebuildStats()
@@ -100,20 +107,25 @@ class BackgroundRebuild:
     def finished(self) -> bool:
         return self._finished.is_set()
 
+    @property
+    def stopped(self) -> bool:
+        """Stopped before the end (`stop`, or a loop's call that failed past its retries)."""
+        return self._stop.is_set() and not self.finished
+
     def install_wanted(self, sess: tf.compat.v1.Session, wait_ms: int | None = None) -> int:
         """One round of the wanted rows: waits up to `wait_ms` for a lookup to ask, installs what is asked."""
         if not self._wanted:
             return 0
-        feeds = dict(self._wanted_feeds)
+        pairs = list(self._wanted_pairs)
         if wait_ms is not None:
-            feeds[self._rebuilder.wait_ms] = int(wait_ms)
-        counts = sess.run(self._wanted, feeds)
+            pairs.append((self._rebuilder.wait_ms, int(wait_ms)))
+        counts = sess.run(self._wanted, steplog.feeds(*pairs))
         rows = 0
         with self._lock:
             for fetch, n in zip(self._wanted, counts):
                 self.rows_installed += int(n)
                 self.rows_installed_on_demand += int(n)
-                self.stats.bytes += int(n) * self._row_bytes[fetch]
+                self.stats.bytes += int(n) * self._row_bytes[id(fetch)]
                 rows += int(n)
             self.stats.session_calls += 1
         return rows
@@ -130,7 +142,7 @@ class BackgroundRebuild:
         with self._lock:
             for t, n in zip(fetch, counts):
                 self.rows_installed += int(n)
-                self.stats.bytes += int(n) * self._row_bytes[t]
+                self.stats.bytes += int(n) * self._row_bytes[id(t)]
             self.stats.session_calls += 1
         return True
 
@@ -141,7 +153,7 @@ class BackgroundRebuild:
         if left:
             raise RuntimeError(f"the background rebuild walked every slice but rows are still pending: {left}")
         # Every PS keeps T0 words during the rebuild: the survivors and the PS rebuilt (docs/rebuild.md).
-        self._rebuilder.end_preserve(sess, sorted(self._rebuilder._opt.logs))
+        self._rebuilder.end_preserve(sess, sorted(self._rebuilder.logs))
         self.seconds = time.time() - self.started
         self._finished.set()
 

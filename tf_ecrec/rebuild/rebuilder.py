@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import unfolded
+from tf_ecrec import steplog, unfolded
+from tf_ecrec.device import variable_name
 from tf_ecrec.embedding import EmbeddingCollection, device_task
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.optimizer import ECOptimizer
@@ -86,13 +87,15 @@ class Rebuilder:
     that its oracle catches a rebuild that decodes from survivors' current words instead of their T0 words)."""
 
     def __init__(self, optimizer: ECOptimizer, collections: Iterable[EmbeddingCollection],
-                 slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
+                 slice_bytes: int = DEFAULT_SLICE_BYTES, logs: dict[int, tf.Tensor] | None = None) -> None:
         if not isinstance(slice_bytes, int) or slice_bytes <= 0:
             raise ConfigError(f"slice_bytes={slice_bytes!r}; rule: an integer > 0; source: Rebuilder(slice_bytes=)")
         from tf_ecrec import ops as ec_ops
 
         self._opt = optimizer
-        logs = dict(optimizer.logs)
+        # The delta log handles of this graph (the optimizer's, where it built the step in the same graph; a
+        # TF2 recovery's function graph makes its own).
+        logs = self.logs = dict(optimizer.logs if logs is None else logs)
         with tf.name_scope("ec_rebuild"):
             self.wait_ms = tf.compat.v1.placeholder_with_default(tf.constant(WANTED_WAIT_MS, tf.int64), [], name="wait_ms")
             wait = {}
@@ -100,7 +103,7 @@ class Rebuilder:
                 with tf.compat.v1.device(log.device):
                     wait[p] = ec_ops.wait_wanted(log, self.wait_ms, name=f"wait_wanted_ps{p}")
         self._tables = [self.collection_rebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
-        self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}  # none in a TF2 function graph
         with tf.name_scope("ec_rebuild"):
             self._alloc = {name: self._zeros_into(v) for name, v in self._variables.items()}
             self._copies = self._dense_copies()
@@ -126,9 +129,12 @@ class Rebuilder:
                 groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, ChunkKind.DATA))))
             for p, var in sorted(self._opt.parity[coll.name].items()):
                 groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, ChunkKind.PARITY))))
+        # A PS's rows pending from an earlier T0 are forgotten before this one marks its own: a rebuild started
+        # over after a cut re-created the variables, under new keys where the variables are eager ones (TF2).
+        forget = {p: self._on(log, ec_ops.rebuild_forget_pending) for p, log in logs.items()}
         for g in groups:
             log = logs[g.ps]
-            with tf.compat.v1.device(log.device):
+            with tf.compat.v1.device(log.device), tf.control_dependencies([forget[g.ps]]):
                 g.pending_rows = tf.compat.v1.placeholder_with_default(
                     tf.constant(int(g.var.shape[0]), tf.int64), [], name="pending_rows"
                 )
@@ -158,18 +164,19 @@ class Rebuilder:
                 for source in same:
                     if source is not target:
                         with tf.compat.v1.device(target.device):
-                            copies[(target.op.name, source.op.name)] = target.assign(source.read_value(), read_value=False)
+                            copies[(variable_name(target), variable_name(source))] = target.assign(
+                                source.read_value(), read_value=False)
             if is_step:
                 continue
             rows = primary.shape.as_list()[0]
             for rep in reps:
                 with tf.compat.v1.device(rep.device):
                     words = row_words([v.read_value() for v in group], rows)
-                    copies[(rep.op.name, name)] = rep.assign(words, read_value=False)
+                    copies[(variable_name(rep), name)] = rep.assign(words, read_value=False)
                 with tf.compat.v1.device(primary.device):
                     values = split_row_words(rep.read_value(), group)
                     ops = [v.assign(value, read_value=False) for v, value in zip(group, values)]
-                    copies[(name, rep.op.name)] = tf.group(*ops)
+                    copies[(name, variable_name(rep))] = tf.group(*ops)
         return copies
 
     # ---- running ---------------------------------------------------------------------------
@@ -222,14 +229,14 @@ class Rebuilder:
             op for name, op in self._alloc.items()
             if device_task(self._variables[name].device) in lost_set and name not in copied
         ]
-        feeds = {}
+        pairs = []
         for g in self._groups:
             if g.ps in lost_set:
                 ops.append(g.begin_pending)
             ops.append(g.preserve)
-            feeds[g.ranges] = np.asarray(self._t0_ranges(g, lost_set), np.int64).reshape(-1, 2)
+            pairs.append((g.ranges, np.asarray(self._t0_ranges(g, lost_set), np.int64).reshape(-1, 2)))
         if ops:
-            sess.run(ops, feeds, options=options)
+            sess.run(ops, steplog.feeds(*pairs), options=options)
             stats.session_calls += 1
         stats.phases["t0"] = time.perf_counter() - t
         job = BackgroundRebuild(self, lost_set)
@@ -326,9 +333,9 @@ class Rebuilder:
                 continue
             source = sources[0]  # the primary when it survives, else the first surviving replica
             for target in targets:
-                ops.append(self._copies[(target.op.name, source.op.name)])
+                ops.append(self._copies[(variable_name(target), variable_name(source))])
                 written = [primary, *opt.slots_of(primary)] if target is primary else [target]
-                written_names.update(v.op.name for v in written)
+                written_names.update(variable_name(v) for v in written)
                 stats.variables += len(written)
                 stats.bytes += sum(int(np.prod(v.shape.as_list(), dtype=np.int64)) * v.dtype.base_dtype.size for v in written)
         return ops, written_names

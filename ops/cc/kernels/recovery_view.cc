@@ -38,6 +38,26 @@ void RecoveryView::BeginPending(const std::string& key, int64_t rows) {
   any_pending_ = !pending_.empty();
 }
 
+void RecoveryView::ForgetPending() {
+  std::vector<std::pair<Done, Status>> done;
+  std::vector<std::function<void()>> wake;
+  {
+    mutex_lock lock(mu_);
+    pending_.clear();
+    any_pending_ = false;
+    for (auto& [id, w] : waiters_) {
+      done.emplace_back(std::move(w.done),
+                        errors::Aborted("the rebuild of ", w.key,
+                                        " was started over; its rows are "
+                                        "pending under a new variable"));
+    }
+    waiters_.clear();
+    NotifyWantedLocked(&wake);
+  }
+  for (auto& f : wake) f();
+  Finish(&done);
+}
+
 int64_t RecoveryView::PendingRows() const {
   mutex_lock lock(mu_);
   int64_t total = 0;

@@ -68,6 +68,10 @@ class RecoveryView {
 
   // Every row of `key` in [0, rows) becomes pending (again).
   void BeginPending(const std::string& key, int64_t rows);
+  // Forgets every pending row of this PS (a new T0 supersedes whatever an
+  // earlier, unfinished rebuild left, under keys of variables re-created
+  // since); its waiters fail with Aborted.
+  void ForgetPending();
   // Pending rows of this process, in all.
   int64_t PendingRows() const;
   // FailedPrecondition naming the first pending row of `rows`, if any.

@@ -189,6 +189,13 @@ Status PreserveRanges(OpKernelContext* ctx, DeltaLog* log,
 REGISTER_KERNEL_BUILDER(Name("EcRec>PreserveRanges").Device(DEVICE_CPU),
                         GroupViewOp<PreserveRanges>);
 
+Status ForgetPending(OpKernelContext*, DeltaLog* log) {
+  log->view().ForgetPending();
+  return OkStatus();
+}
+REGISTER_KERNEL_BUILDER(Name("EcRec>RebuildForgetPending").Device(DEVICE_CPU),
+                        DeltaLogOp<ForgetPending>);
+
 Status EndPreserve(OpKernelContext*, DeltaLog* log) {
   log->view().EndPreserve();
   return OkStatus();

@@ -25,6 +25,16 @@ Marks rows [0, rows) of `var`'s group pending on this PS: lookups of them wait
 writes them.
 )doc");
 
+REGISTER_OP("EcRec>RebuildForgetPending")
+    .Input("log: resource")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Forgets every pending row of this PS, under any variable's key: a new T0 of a
+lost PS supersedes what an unfinished rebuild left (its variables re-created
+under new keys). Lookups still waiting fail with Aborted.
+)doc");
+
 REGISTER_OP("EcRec>RecoveryViewStats")
     .Input("log: resource")
     .Output("stats: int64")
