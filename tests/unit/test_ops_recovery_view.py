@@ -212,6 +212,45 @@ def test_a_wait_cut_by_its_deadline_is_withdrawn():
         assert 0.2 < time.monotonic() - started < 5.0
 
 
+def test_a_new_t0_forgets_what_an_unfinished_rebuild_left_pending_and_its_waiters_fail():
+    """A rebuild started over re-creates the lost variables (under TF2, under new keys): the rows the first T0
+    marked pending under the old key are forgotten by the next T0, else the PS would count them pending for
+    ever and the rebuild would never finish; a lookup still waiting on them fails instead of hanging."""
+    graph, old, log = _log_graph(rows=4, dim=2)
+    with graph.as_default():
+        new = V1.Variable(np.zeros([3, 2], np.float32), use_resource=True, name="recreated")
+        begin_old = ec_ops.rebuild_begin_pending(log, old, 4)
+        forget = ec_ops.rebuild_forget_pending(log)
+        with tf.control_dependencies([forget]):
+            begin_new = ec_ops.rebuild_begin_pending(log, new, 3)
+        with tf.control_dependencies([ec_ops.await_rebuilt_rows(log, old, tf.constant([1], tf.int64))]):
+            looked_up = tf.gather(old, [1])
+        stats = ec_ops.recovery_view_stats(log)
+        wanted = ec_ops.wanted_rows(log, old, 0, 4)
+    with V1.Session(graph=graph) as sess:
+        sess.run([old.initializer, new.initializer])
+        sess.run(begin_old)
+        assert sess.run(stats)[0] == 4
+        failed: list[BaseException] = []
+
+        def lookup() -> None:
+            try:
+                sess.run(looked_up)
+            except tf.errors.OpError as exc:
+                failed.append(exc)
+
+        waiter = threading.Thread(target=lookup)
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while sess.run(wanted).tolist() != [1]:  # the lookup waits (it asks for its row)
+            assert time.monotonic() < deadline and waiter.is_alive(), "the lookup never waited"
+            time.sleep(0.01)
+        sess.run(begin_new)  # the next T0: forgets first, then marks its own rows
+        waiter.join(timeout=30)
+        assert not waiter.is_alive() and len(failed) == 1 and isinstance(failed[0], tf.errors.AbortedError), failed
+        assert sess.run(stats)[0] == 3, "the old key's rows are still counted pending"
+
+
 def test_bad_input_is_named():
     graph, var, log = _log_graph(rows=3, dim=2)
     with graph.as_default():
