@@ -3,13 +3,17 @@
 Real PS and worker processes (`harness.pss_cluster`), the interpreter is the coordinator.  The walk over
 the lost chunks is held back (no walker) until the test starts it, so that what is asserted does not
 depend on timing: steps run while the PS's rows are pending, their lookups have the rows they read
-installed first (counted on the rebuild), and a save waits for the rest.  The oracles: the rows still
-pending on the PS (its recovery view), exact parity once the walk is done, and a checkpoint that reads
-back as the model's values at the end (a row saved while pending would read back as zeros).
+installed first (counted on the rebuild), a ``ModelCheckpoint`` save waits for the rest, and the backups
+of ``BackupAndRestore`` skip the epochs that end meanwhile (so nothing stops training).  The oracles: the
+rows still pending on the PS (its recovery view), exact parity once the walk is done, a checkpoint that
+reads back as the model's values at the end (a row saved while pending would read back as zeros), and no
+backup file written while rows were pending.  Each check fails with its rule removed (the gate's wait,
+the backups' skip).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 import threading
@@ -73,6 +77,33 @@ def training_during_rebuild_case() -> None:
                 back = _values(model)
                 different = [n for n in held if not np.array_equal(held[n], back[n])]
                 assert not different, f"the checkpoint saved during the rebuild reads back differently: {different}"
+            _check_parity(model)
+
+            # BackupAndRestore alone: its backups skip the epochs that end during the rebuild instead of waiting,
+            # so every step is trained before the walk even starts (it starts at the last step).
+            cluster.kill("ps", 2)
+            cluster.restart("ps", 2)
+            assert recovery.recover(timeout_secs=120).lost == [2]
+            rebuild = recovery.rebuilding
+            walked_at: list[int] = []
+
+            def walk_at_the_end() -> None:
+                while int(model.optimizer.iterations.numpy()) < 60:
+                    time.sleep(0.05)
+                walked_at.append(int(model.optimizer.iterations.numpy()))
+                rebuild.start(walkers=2)
+
+            walker = threading.Thread(target=walk_at_the_end, daemon=True)
+            walker.start()
+            with tempfile.TemporaryDirectory() as backup_dir:
+                backup = tf.keras.callbacks.BackupAndRestore(backup_dir, delete_checkpoint=False)
+                fitted = tf_ecrec.pss.fit(model, _data(tf), epochs=6, steps_per_epoch=10, verbose=0, timeout_secs=120,
+                                          recovery=recovery, callbacks=[backup])
+                written = glob.glob(os.path.join(backup_dir, "**", "*.index"), recursive=True)
+                assert not written, f"backups written while rows were pending: {written}"
+            walker.join(timeout=60)
+            assert walked_at == [60] and fitted.steps == 60 and not fitted.recoveries, (walked_at, fitted)
+            assert rebuild.job.rows_installed_on_demand > 0 and rebuild.finished
             _check_parity(model)
         finally:
             cluster.close()

@@ -17,7 +17,10 @@ directory, as the callback writes, so a stock script reads it too):
   that: Keras calls ``on_epoch_end`` once the epoch's steps are joined (its data handler's ``sync``,
   the coordinator's ``join``), so no step is in flight and parity in the backup is the code of the
   data in it; ``model.fit`` still runs all its epochs in one call;
-- after a recovery nothing is restored: the recovered state is newer than any backup;
+- after a recovery nothing is restored: the recovered state is newer than any backup; while its tables
+  are rebuilt in the background (`tf_ecrec.pss.rebuild`) an epoch's backup is skipped, not waited for
+  (rows not installed yet would be backed up as zeros, and waiting would stop training): a coordinator
+  that dies meanwhile resumes from the backup before;
 - at the end of training the backups are deleted unless the callback says otherwise
   (``delete_checkpoint=False``).
 
@@ -47,10 +50,11 @@ class Backups:
 
     def __init__(self, model: tf.keras.Model, callbacks: Sequence[Any]) -> None:
         self._model = model
+        self.rebuilding: Any = lambda: False  # whether a background rebuild is under way (`fit` sets it)
         self.callbacks = [c for c in callbacks if isinstance(c, tf.keras.callbacks.BackupAndRestore)]
         self.others = [c for c in callbacks if not isinstance(c, tf.keras.callbacks.BackupAndRestore)]
         if self.callbacks:
-            self.others.append(_BackUpAtEpochEnd(self))
+            self.others.append(BackUpAtEpochEnd(self))
         for c in self.callbacks:
             if c.save_freq != "epoch" or c.save_before_preemption:
                 raise ConfigError(
@@ -114,7 +118,11 @@ class Backups:
         return None
 
     def back_up(self, epoch: int) -> None:
-        """Writes every callback's backup at the end of `epoch` (call it with no step in flight)."""
+        """Writes every callback's backup at the end of `epoch` (call it with no step in flight); none while a
+        lost PS's tables are rebuilt (the module doc)."""
+        if self.rebuilding():
+            _LOG.warning("the backup of epoch %d is skipped: a lost PS's tables are still being rebuilt", epoch)
+            return
         for state in self._states:
             state._ckpt_saved_epoch.assign(epoch)
             state.back_up(epoch)
@@ -126,7 +134,7 @@ class Backups:
                 state.delete_backup()
 
 
-class _BackUpAtEpochEnd(tf.keras.callbacks.Callback):
+class BackUpAtEpochEnd(tf.keras.callbacks.Callback):
     """What `fit` gives ``model.fit`` in place of the user's ``BackupAndRestore``: a backup at each epoch's end."""
 
     def __init__(self, backups: Backups) -> None:

@@ -11,9 +11,10 @@ job is at: the iteration count, rebuilt with everything else, says how many
 steps are done (a step the failure cut and settlement undid is run again).
 An epoch cut in the middle is finished by a call of its remaining steps.
 A recovery rebuilds the lost tables while ``model.fit`` trains on (`tf_ecrec.pss.rebuild`); a save
-waits for that rebuild (a row not installed yet would be saved as zeros): at each epoch's end (Keras'
-checkpoint callbacks and the backups save there: the strategy refuses callbacks at batch ends), before
-a checkpoint of ``checkpoint_dir`` and before `fit` returns.
+waits for that rebuild (a row not installed yet would be saved as zeros): at an epoch's end where a
+callback may save (``ModelCheckpoint``, or a callback `fit` does not know: the strategy refuses callbacks
+at batch ends), before a checkpoint of ``checkpoint_dir`` and before `fit` returns; the backups of
+``BackupAndRestore`` skip the epochs that end during a rebuild instead (`tf_ecrec.pss.backup`).
 With ``checkpoint_dir`` a loss beyond the code falls back to the last
 checkpoint (`tf_ecrec.pss.checkpoint`) instead of raising.
 The input is the user's: a `DatasetCreator` makes each worker's dataset
@@ -34,7 +35,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.pss.backup import Backups
+from tf_ecrec.pss.backup import BackUpAtEpochEnd, Backups
 from tf_ecrec.pss.checkpoint import save
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
@@ -118,7 +119,8 @@ def fit(
         if result.restored_step is not None and on_restored is not None:
             on_restored(result.restored_step)
     total = int(epochs) * int(steps_per_epoch)
-    gate = _RebuildGate(recovery, timeout_secs)
+    backups.rebuilding = lambda: recovery.rebuilding is not None and not recovery.rebuilding.finished
+    gate = _RebuildGate(recovery, timeout_secs, backups.others)
     while True:
         done = int(model.optimizer.iterations.numpy())
         if done >= total and recovery.wait_rebuilt(timeout_secs):
@@ -174,16 +176,26 @@ def _may_be_a_task_failure(exc: BaseException) -> bool:
     return is_ps_failure(exc) or isinstance(exc, tf.errors.CancelledError)
 
 
+# Keras callbacks that save no variable: no need to wait for a rebuild at an epoch's end for them.
+_READ_NO_VARIABLE = (tf.keras.callbacks.History, tf.keras.callbacks.ProgbarLogger, tf.keras.callbacks.TensorBoard,
+                     tf.keras.callbacks.EarlyStopping, tf.keras.callbacks.CSVLogger, tf.keras.callbacks.TerminateOnNaN,
+                     tf.keras.callbacks.ReduceLROnPlateau, tf.keras.callbacks.LearningRateScheduler, BackUpAtEpochEnd)
+
+
 class _RebuildGate(tf.keras.callbacks.Callback):
     """First of ``model.fit``'s callbacks: a save after it waits for a background rebuild (the module doc).
 
-    A rebuild that stopped (a failure during it) raises ``UnavailableError``: ``model.fit`` ends, and `fit`
-    recovers the failure instead of letting a callback save rows that were never installed."""
+    Only where a callback may save variables at an epoch's end (``ModelCheckpoint``, or one `fit` does not
+    know): the backups skip their epoch instead (`tf_ecrec.pss.backup`), and waiting would stop training
+    for the rest of the rebuild.  A rebuild that stopped (a failure during it) raises ``UnavailableError``:
+    ``model.fit`` ends, and `fit` recovers the failure instead of letting a callback save rows that were
+    never installed."""
 
-    def __init__(self, recovery: PSSRecovery, timeout_secs: float) -> None:
+    def __init__(self, recovery: PSSRecovery, timeout_secs: float, callbacks: Sequence[Any] = ()) -> None:
         super().__init__()
         self._recovery = recovery
         self._timeout = timeout_secs
+        self._saving = [type(c).__name__ for c in callbacks if not isinstance(c, _READ_NO_VARIABLE)]
 
     def wait(self) -> None:
         rebuilding = self._recovery.rebuilding
@@ -192,7 +204,8 @@ class _RebuildGate(tf.keras.callbacks.Callback):
                                              f"save ({self._timeout:.0f} s, or stopped by a failure)")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.wait()
+        if self._saving:
+            self.wait()
 
 
 class _StaleSettler:
