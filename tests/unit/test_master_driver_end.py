@@ -7,7 +7,7 @@ Real child processes; the run around them is a stand-in holding only what `Maste
 
 from __future__ import annotations
 
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -70,7 +70,9 @@ def run():
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for code in (SLEEPER, DEAF)]
     for proc in procs:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], READY_SECS)
+        with selectors.DefaultSelector() as waiting:  # epoll: a worker process may hold descriptors past select's 1024
+            waiting.register(proc.stdout, selectors.EVENT_READ)
+            ready = waiting.select(READY_SECS)
         assert ready and proc.stdout.readline() == "ready\n", f"a child did not start within {READY_SECS} s"
     tasks = {"chief:0": TaskProcess(ClusterConfig(CLUSTER, "chief", 0), state=TaskState.DONE)}
     for i, proc in enumerate(procs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 
@@ -25,7 +25,9 @@ def test_a_grandchild_counts_while_it_runs_and_once_reaped():
         "g.stdin.close(); g.wait()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdin is not None
     try:
-        ready, _, _ = select.select([child.stdout], [], [], 60)
+        with selectors.DefaultSelector() as waiting:  # epoll: a worker process may hold descriptors past select's 1024
+            waiting.register(child.stdout, selectors.EVENT_READ)
+            ready = waiting.select(60)
         assert ready and child.stdout.readline() == "spun\n"
         live = tree_cpu(os.getpid()) - before  # the grandchild is alive, two levels down
         child.stdin.write("\n")
