@@ -119,8 +119,8 @@ def fit(
         if result.restored_step is not None and on_restored is not None:
             on_restored(result.restored_step)
     total = int(epochs) * int(steps_per_epoch)
-    backups.rebuilding = lambda: recovery.rebuilding is not None and not recovery.rebuilding.finished
     gate = _RebuildGate(recovery, timeout_secs, backups.others)
+    backups.rebuilding = gate.rebuilding
     while True:
         done = int(model.optimizer.iterations.numpy())
         if done >= total and recovery.wait_rebuilt(timeout_secs):
@@ -195,16 +195,19 @@ class _RebuildGate(tf.keras.callbacks.Callback):
         super().__init__()
         self._recovery = recovery
         self._timeout = timeout_secs
-        self._saving = [type(c).__name__ for c in callbacks if not isinstance(c, _READ_NO_VARIABLE)]
+        self._may_save = any(not isinstance(c, _READ_NO_VARIABLE) for c in callbacks)
+
+    def rebuilding(self) -> bool:
+        """Whether a background rebuild is under way."""
+        return self._recovery.rebuilding is not None and not self._recovery.rebuilding.finished
 
     def wait(self) -> None:
-        rebuilding = self._recovery.rebuilding
-        if rebuilding is not None and not rebuilding.finished and not self._recovery.wait_rebuilt(self._timeout):
+        if self.rebuilding() and not self._recovery.wait_rebuilt(self._timeout):
             raise tf.errors.UnavailableError(None, None, "the background rebuild of a lost PS did not finish before a "
                                              f"save ({self._timeout:.0f} s, or stopped by a failure)")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self._saving:
+        if self._may_save:
             self.wait()
 
 

@@ -11,8 +11,8 @@ default before 2026-12-01; ``PSSRecovery(background=False)``).
 
 Until the walk has installed every row, the PS being rebuilt stays *unfinished*: a failure meanwhile
 re-creates and rebuilds it again with the new loss, and nothing may save the variables (a pending row
-reads as zeros): `tf_ecrec.pss.fit` waits for the rebuild before a checkpoint or backup is written and
-before it returns.
+reads as zeros): `tf_ecrec.pss.fit` waits for the rebuild before a callback may save and before it
+returns, and the backups skip the epochs that end meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ from tf_ecrec.rebuild.background import BackgroundRebuild
 from tf_ecrec.rebuild.rebuilder import Rebuilder
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.stripe_encoding import row_words, split_row_words
+
+
+def delta_logs(num_ps: int) -> dict[int, tf.Tensor]:
+    """Each PS's delta log handle, made in the graph being built (a function session's)."""
+    logs = {}
+    for p in range(num_ps):
+        with tf.device(ps_device(p)):
+            logs[p] = ec_ops.delta_log(name=f"ec_delta_log_ps{p}")
+    return logs
 
 
 def copy_dense(protector: Any, replaced: dict[int, tuple[tf.Variable, tf.Variable]]) -> None:
@@ -74,11 +83,7 @@ class TableRebuild:
         self.lost = sorted(int(p) for p in lost)
 
         def build() -> Rebuilder:
-            logs = {}
-            for p in range(protection.num_ps):
-                with tf.device(ps_device(p)):
-                    logs[p] = ec_ops.delta_log(name=f"ec_delta_log_ps{p}")
-            return Rebuilder(protector, protection.collections, slice_bytes, logs=logs)
+            return Rebuilder(protector, protection.collections, slice_bytes, logs=delta_logs(protection.num_ps))
 
         self.session = FunctionSession(build)
         self.job: BackgroundRebuild | None = None

@@ -37,14 +37,13 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import ps_device, variable_name
+from tf_ecrec.device import variable_name
 from tf_ecrec.embedding import device_task
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.placement import resolver_of
-from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, sync
+from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, delta_logs, sync
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.step_program import MAX_GENERATION
@@ -368,11 +367,8 @@ class PSSRecovery:
         protector = self.optimizer.protector
 
         def build() -> Reconciler:
-            logs = {}
-            for p in range(self.protection.num_ps):
-                with tf.device(ps_device(p)):
-                    logs[p] = ec_ops.delta_log(name=f"ec_delta_log_ps{p}")
-            return Reconciler(protector.targets, logs, protector.expected_folds, protector.commit_timeout_ms)
+            return Reconciler(protector.targets, delta_logs(self.protection.num_ps), protector.expected_folds,
+                              protector.commit_timeout_ms)
 
         return FunctionSession(build)
 
