@@ -66,3 +66,27 @@ def test_a_coordinator_killed_after_a_ps_recovery_resumes_from_its_backup(tmp_pa
     parity = report["parity"]
     assert parity["rows_checked"] > 0 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity
     assert os.listdir(os.path.join(tmp_path, "backup")) == [], "BackupAndRestore deletes its backup when fit ends"
+
+
+def test_two_ps_lost_beyond_the_code_are_restored_from_the_flash_snapshot(tmp_path):
+    """``--flash-checkpoint-steps`` under ``--strategy pss``: ps:0 and ps:1 of a 2+1 code SIGKILLed at once (two
+    chunks of every stripe lost): the coordinator restores every PS from the newest flash snapshot complete in
+    memory (`tf_ecrec.pss.flash`), the steps since it are trained again, and the job ends with exact parity."""
+    result = cli("run", "--model-dir", str(tmp_path), *PSS, "--ps", "3", "--workers", "2", "--steps", "400",
+                 "--flash-checkpoint-steps", "50", "--kill", "ps:0@step=200", "--kill", "ps:1@step=200",
+                 "--restart-delay", "1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    with open(os.path.join(tmp_path, "report.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    with open(os.path.join(tmp_path, "flash_stats.json"), encoding="utf-8") as fh:
+        captured = json.load(fh)["captured"]  # a write cut after its own tier is restorable: every capture
+    assert report["global_step"] == 400
+    for rec in report["recovery"]:
+        assert rec["method"] == "memory" and rec["resumed_from_step"] in captured, (rec, captured)
+        assert 0 < rec["resumed_from_step"] <= rec["killed_at_step"], rec
+    with open(os.path.join(tmp_path, "recovery.jsonl"), encoding="utf-8") as fh:
+        (entry,) = [json.loads(line) for line in fh]
+    assert entry["method"] == "memory" and entry["lost_ps"] == [0, 1] and entry["bytes_rebuilt"] > 0, entry
+    assert entry["steps_rolled_back"] == entry["step_before"] - entry["global_step"] > 0, entry
+    parity = report["parity"]
+    assert parity["rows_checked"] > 0 and parity["mismatches"] == 0 and parity["replica_mismatches"] == 0, parity

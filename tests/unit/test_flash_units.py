@@ -141,6 +141,8 @@ def test_the_launcher_takes_a_flash_interval_with_ecrec_or_flash_only():
     job = JobSpec(fault_tolerance="ecrec", flash_checkpoint_steps=100)
     assert job.flash == FlashConfig(every_steps=100)
     assert JobSpec(fault_tolerance="ecrec").flash is None
+    # TF2: the coordinator takes the rounds (tf_ecrec.pss.flash)
+    assert JobSpec(fault_tolerance="ecrec", strategy="pss", flash_checkpoint_secs=1.0).flash == FlashConfig(every_secs=1.0)
     assert JobSpec.from_json(job.to_json()).flash == job.flash
     # flash on its own: every 100 steps unless told, no stock checkpoints unless told
     assert JobSpec(fault_tolerance="flash").flash == FlashConfig(every_steps=100)
@@ -151,7 +153,6 @@ def test_the_launcher_takes_a_flash_interval_with_ecrec_or_flash_only():
                 {"fault_tolerance": "ecrec", "flash_checkpoint_steps": 0},
                 {"fault_tolerance": "flash", "flash_checkpoint_steps": 0},
                 {"fault_tolerance": "ecrec", "flash_checkpoint_steps": 10, "flash_checkpoint_secs": 1.0},
-                {"fault_tolerance": "ecrec", "strategy": "pss", "flash_checkpoint_secs": 1.0},
                 {"fault_tolerance": "flash", "strategy": "pss"}):
         with pytest.raises(ConfigError):
             JobSpec(**bad)

@@ -79,11 +79,14 @@ class FlashSnapshots:
       logs: PS task -> its delta log handle (the protection's).
       num_ps: the PS count.
       num_trainers: the chief and the workers (the gate's parking slots).
-      variables: what is snapshotted (default: every global variable on a PS).
+      variables: what is snapshotted (default: every global variable on a PS), or a mapping from the
+        names the snapshot gives them (unique) to them (a TF2 model's variables may share a name).
+      step: the global step variable (default: the graph's; a TF2 job's is its optimizer's ``iterations``).
     """
 
     def __init__(self, config: FlashConfig, model_dir: str, logs: Mapping[int, tf.Tensor], num_ps: int,
-                 num_trainers: int, variables: Sequence[tf.Variable] | None = None) -> None:
+                 num_trainers: int, variables: Sequence[tf.Variable] | Mapping[str, tf.Variable] | None = None,
+                 step: Any = None) -> None:
         if not model_dir:
             raise ConfigError("flash checkpoints need a model dir; source: RunConfig(model_dir=)")
         self.config = config
@@ -91,22 +94,26 @@ class FlashSnapshots:
         self.root = shm_root(config, model_dir)
         self.num_ps = int(num_ps)
         self.num_trainers = int(num_trainers)
-        by_ps: dict[int, list[tf.Variable]] = {p: [] for p in range(self.num_ps)}
-        for v in variables if variables is not None else tf.compat.v1.global_variables():
+        if isinstance(variables, Mapping):
+            named = list(variables.items())
+        else:
+            named = [(variable_name(v), v) for v in (variables if variables is not None else tf.compat.v1.global_variables())]
+        by_ps: dict[int, list[tuple[str, tf.Variable]]] = {p: [] for p in range(self.num_ps)}
+        for name, v in named:
             p = _ps_task(v.device)
             if p is not None:
                 if not hasattr(v, "handle"):
-                    raise ConfigError(f"variable {variable_name(v)!r} is not a resource variable; rule: flash "
+                    raise ConfigError(f"variable {name!r} is not a resource variable; rule: flash "
                                       "checkpoints copy resource variables; source: the model's variables")
-                by_ps[p].append(v)
-        self.variables = {p: sorted(vs, key=variable_name) for p, vs in by_ps.items()}
-        self.names = {p: tuple(variable_name(v) for v in vs) for p, vs in self.variables.items()}
+                by_ps[p].append((name, v))
+        self.variables = {p: [v for _, v in sorted(nvs, key=lambda nv: nv[0])] for p, nvs in by_ps.items()}
+        self.names = {p: tuple(sorted(n for n, _ in nvs)) for p, nvs in by_ps.items()}
         self.bytes = {p: sum(int(np.prod(v.shape.as_list())) * v.dtype.base_dtype.size for v in vs)
                       for p, vs in self.variables.items()}
         # Writes are background work of GB at big tables: the session's operation timeout (there to end
         # waits on a dead task) cut them at 400,000 rows.
         self._long = tf.compat.v1.RunOptions(timeout_in_ms=LONG_OP_TIMEOUT_MS)
-        step = tf.compat.v1.train.get_global_step()
+        step = step if step is not None else tf.compat.v1.train.get_global_step()
         with tf.name_scope("ec_flash"):
             self._build_gate()
             shadows = self._build_capture(logs, step)
@@ -158,9 +165,9 @@ class FlashSnapshots:
         for p, vs in self.variables.items():
             with tf.device(ps_device(p)):
                 shadows[p] = []
-                for v in vs:
+                for name, v in zip(self.names[p], vs):
                     dtype = v.dtype.base_dtype
-                    shadow = tf.raw_ops.VarHandleOp(dtype=dtype, shape=v.shape, shared_name=f"ec_flash_shadow/{variable_name(v)}")
+                    shadow = tf.raw_ops.VarHandleOp(dtype=dtype, shape=v.shape, shared_name=f"ec_flash_shadow/{name}")
                     # A read copies the bytes (our ops keep updated variables in copy-on-read mode;
                     # a variable never updated in place keeps its buffer until an assign replaces it).
                     copies.append(tf.raw_ops.AssignVariableOp(

@@ -37,9 +37,11 @@ def validate(job: Any) -> None:
     source = "--flash-checkpoint-steps/--flash-checkpoint-secs"
     _check(job.flash_checkpoint_steps is None or job.flash_checkpoint_secs is None,
            "--flash-checkpoint-steps and --flash-checkpoint-secs were both given; choose one interval", source)
-    _check(job.fault_tolerance.ours and job.strategy is Strategy.ESTIMATOR,
+    _check((job.fault_tolerance.ours and job.strategy is Strategy.ESTIMATOR)
+           or (job.fault_tolerance is FaultTolerance.ECREC and job.strategy is Strategy.PSS),
            f"a flash checkpoint interval with --fault-tolerance {job.fault_tolerance.value} --strategy "
-           f"{job.strategy.value}: flash checkpoints protect --fault-tolerance ecrec or flash Estimator jobs", source)
+           f"{job.strategy.value}: flash checkpoints protect --fault-tolerance ecrec or flash Estimator jobs and "
+           "--fault-tolerance ecrec --strategy pss jobs", source)
     flash_config(job)  # FlashConfig checks the interval itself
 
 

@@ -8,7 +8,8 @@ protection's optimizer wrapper (``--optimizer``, ``--learning-rate``), trains
 ``--steps`` steps with `tf_ecrec.pss.fit` and reports to the launcher as
 the Estimator path does: a ``step`` datagram as the iteration count moves
 (`_StepReporter`), ``session`` when training resumes after a
-recovery, ``recovered`` (method ``parity``) per PS rebuilt, and at the end the
+recovery, ``recovered`` per recovery (method ``parity``, or ``memory``/``disk`` when more PS were lost
+than the code covers and ``--flash-checkpoint-steps`` snapshots were restored: `tf_ecrec.pss.flash`), and at the end the
 digest the launcher's report prints (parity check and ``variables_sha256``,
 computed by the chief: the strategy's variables have no names another
 process could read them by), in ``<model_dir>/digest.json``.  Recoveries are
@@ -139,8 +140,9 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     log_path = os.path.join(job.model_dir, "recovery.jsonl")
 
     def on_recovery(result: Any) -> None:
-        entry = {"time": round(time.time(), 3), "task": cluster.task, "method": "parity", "lost_ps": result.lost,
-                 "step_before": reporter.last_step, "global_step": result.step, "steps_rolled_back": 0,
+        rolled_back = max(0, reporter.last_step - result.step) if result.method != "parity" else 0
+        entry = {"time": round(time.time(), 3), "task": cluster.task, "method": result.method, "lost_ps": result.lost,
+                 "step_before": reporter.last_step, "global_step": result.step, "steps_rolled_back": rolled_back,
                  "bytes_rebuilt": result.bytes_rebuilt, "seconds": round(result.seconds, 3),
                  "steps_undone": result.settled.get("undone", 0), "steps_finished": result.settled.get("finished", 0)}
         with open(log_path, "a", encoding="utf-8") as fh:
@@ -149,8 +151,8 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
             settled = {"steps_undone": entry["steps_undone"], "steps_finished": entry["steps_finished"],
                        "folds_rolled_back": 0}
             phases = {"reconnect": round(result.reconnect_seconds, 3)}
-            if result.rebuild is None:
-                sender.send(StatusKind.RECOVERED, method="parity", lost_ps=result.lost, bytes_rebuilt=result.bytes_rebuilt,
+            if result.rebuild is None:  # parity before training resumed, or a restore (flash snapshot, checkpoint)
+                sender.send(StatusKind.RECOVERED, method=result.method, lost_ps=result.lost, bytes_rebuilt=result.bytes_rebuilt,
                             rebuild_seconds=round(result.seconds - result.reconnect_seconds, 3), step=result.step,
                             phases=phases, **settled)
             else:  # training resumes now, the tables' rows installed meanwhile ("recovered" once they are)
@@ -167,6 +169,7 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     try:
         result = tf_ecrec.pss.fit(model, tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=job.steps // spe,
                                   steps_per_epoch=spe, verbose=2, on_recovery=on_recovery, callbacks=[backup],
+                                  flash=job.flash, flash_dir=job.model_dir,
                                   on_failure=lambda exc: reporter.pause(), on_resume=reporter.resume,
                                   on_restored=lambda step: _restored(log_path, cluster.task, step, sender))
     finally:

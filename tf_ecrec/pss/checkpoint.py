@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from tf_ecrec.device import variable_name
+from tf_ecrec.errors import RecoveryError
 
 if TYPE_CHECKING:
     from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult
@@ -52,22 +54,56 @@ def save(recovery: PSSRecovery, prefix: str) -> str:
     return str(tf.train.Checkpoint(**named_variables(recovery)).write(prefix))
 
 
-def restore(recovery: PSSRecovery, lost: list[int], path: str, result: PSSRecoveryResult, started: float) -> PSSRecoveryResult:
-    """Re-creates the lost PS's variables and reads every variable from the checkpoint at `path`."""
+def checkpoint_step(recovery: PSSRecovery, path: str) -> int:
+    """The iteration count the checkpoint at `path` holds."""
+    key = next(k for k, v in named_variables(recovery).items() if v is recovery.optimizer.iterations)
+    return int(tf.train.load_checkpoint(path).get_tensor(f"{key}/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def fall_back(recovery: PSSRecovery, lost: list[int], checkpoint: str | None, result: PSSRecoveryResult,
+              started: float, error: RecoveryError) -> PSSRecoveryResult:
+    """A loss beyond the code: restores the newest of the flash snapshot complete on every PS
+    (`recovery.flash`, `tf_ecrec.pss.flash`) and the `checkpoint` (the snapshot when of the same step), or
+    raises `error` when there is neither."""
+    flash = recovery.flash
+    choice = flash.latest() if flash is not None else None
+    if choice is not None and checkpoint is not None and checkpoint_step(recovery, checkpoint) > choice.global_step:
+        choice = None
+    if choice is None and checkpoint is None:
+        raise error
+    recovery._unfinished = set(lost)
+    if choice is not None:
+        what, method = f"the flash snapshot of step {choice.global_step}", choice.method
+        restored = restore(recovery, lost, lambda: flash.restore(choice), method, result, started)
+    else:
+        what, method = f"the checkpoint {checkpoint}", "checkpoint"
+        def read() -> int:
+            tf.train.Checkpoint(**named_variables(recovery)).read(checkpoint).assert_existing_objects_matched()
+            return 0
+
+        restored = restore(recovery, lost, read, method, result, started)
+    recovery._unfinished = set()
+    _LOG.warning("PS %s lost beyond the code: restored %s (step %d, method %s) in %.1fs", lost, what, restored.step,
+                 method, restored.seconds)
+    return restored
+
+
+def restore(recovery: PSSRecovery, lost: list[int], read: Callable[[], int], method: str,
+            result: PSSRecoveryResult, started: float) -> PSSRecoveryResult:
+    """Re-creates the lost PS's variables, then `read` assigns every variable (survivors' too: all of one step)
+    and returns the bytes it read from a flash snapshot (0 from a checkpoint)."""
     alive = [p for p in range(recovery.protection.num_ps) if p not in lost]
     settle = recovery._reconciler()
     recovery.raise_generation(settle, alive)
     discarded = settle.built.discard(settle, alive)
     replaced = recovery._replace(lost)
-    tf.train.Checkpoint(**named_variables(recovery)).read(path).assert_existing_objects_matched()
+    result.bytes_rebuilt = read()
     recovery._resume()
-    result.method = "checkpoint"
+    result.method = method
     result.variables_rebuilt = len(replaced)
     result.step = int(recovery.optimizer.iterations.numpy())
     result.settled = {"undone": 0, "finished": 0, "committed": 0, "discarded": discarded}
     result.seconds = time.monotonic() - started
-    _LOG.warning("PS %s lost beyond the code: restored the checkpoint %s (step %d) in %.1fs", lost, path, result.step,
-                 result.seconds)
     return result
 
 

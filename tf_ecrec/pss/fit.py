@@ -16,7 +16,8 @@ callback may save (``ModelCheckpoint``, or a callback `fit` does not know: the s
 at batch ends), before a checkpoint of ``checkpoint_dir`` and before `fit` returns; the backups of
 ``BackupAndRestore`` skip the epochs that end during a rebuild instead (`tf_ecrec.pss.backup`).
 With ``checkpoint_dir`` a loss beyond the code falls back to the last
-checkpoint (`tf_ecrec.pss.checkpoint`) instead of raising.
+checkpoint (`tf_ecrec.pss.checkpoint`) instead of raising; with ``flash``, to the last flash
+snapshot (`tf_ecrec.pss.flash`: every ``every_steps`` steps in memory), the newer of the two.
 The input is the user's: a `DatasetCreator` makes each worker's dataset
 again, so data is not replayed from a position (as after a worker failure
 under the strategy).
@@ -24,6 +25,7 @@ under the strategy).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,8 +37,10 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.flash.config import FlashConfig
 from tf_ecrec.pss.backup import BackUpAtEpochEnd, Backups
 from tf_ecrec.pss.checkpoint import save
+from tf_ecrec.pss.flash import FlashAtSteps, PSSFlash
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
@@ -55,6 +59,7 @@ class FitResult:
     settle_errors: list[str] = dataclasses.field(default_factory=list)  # a stale settlement that raised
     checkpoints: list[str] = dataclasses.field(default_factory=list)
     restored_step: int | None = None  # the step of the BackupAndRestore backup `fit` began from (None: none)
+    flash_snapshots: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (epoch, step) written
 
 
 def fit(
@@ -74,6 +79,9 @@ def fit(
     max_failures: int = 20,
     checkpoint_dir: str | None = None,
     checkpoint_epochs: int = 1,
+    flash: FlashConfig | None = None,
+    flash_dir: str | None = None,
+    flash_listeners: Sequence[Callable[[int], None]] = (),
     **fit_kwargs: Any,
 ) -> FitResult:
     """Trains `epochs` x `steps_per_epoch` steps, recovering lost PS tasks from parity (see the module doc).
@@ -95,6 +103,10 @@ def fit(
         per call, and the checkpoint is written between calls, with no step in
         flight); a loss beyond the code restores the last one instead of
         raising (method "checkpoint", the steps since it rolled back).
+      flash: a `tf_ecrec.flash.config.FlashConfig`: flash checkpoints of every PS's variables every
+        ``every_steps`` steps (`tf_ecrec.pss.flash`); a loss beyond the code restores the newest (or the
+        checkpoint, if newer).  Its files are under `flash_dir` (default: `checkpoint_dir`); `flash_listeners`
+        are called with each captured step, training paused.
       callbacks: given to ``model.fit``, but Keras' ``BackupAndRestore``: `fit` backs up at each epoch's end
         and restores the latest backup when it begins (`tf_ecrec.pss.backup`).
       **fit_kwargs: more ``model.fit`` arguments (not ``initial_epoch``).
@@ -121,21 +133,29 @@ def fit(
     total = int(epochs) * int(steps_per_epoch)
     gate = _RebuildGate(recovery, timeout_secs, backups.others)
     backups.rebuilding = gate.rebuilding
+    mine = [gate]
+    if flash is not None:
+        recovery.flash = PSSFlash(recovery, flash, flash_dir or checkpoint_dir or "", flash_listeners)
+        mine.append(FlashAtSteps(recovery.flash))
     while True:
         done = int(model.optimizer.iterations.numpy())
         if done >= total and recovery.wait_rebuilt(timeout_secs):
             result.steps = done
             backups.finish()
+            if recovery.flash is not None:
+                recovery.flash.join(timeout_secs)
+                recovery.flash.save_stats()
+                result.flash_snapshots = list(recovery.flash.snapshots)
             return result
         epoch, within = divmod(done, int(steps_per_epoch))
-        settler = _StaleSettler(recovery, result)
+        settler = _StaleSettler(recovery, result, recovery.flash.lock if recovery.flash is not None else None)
         try:
             if done >= total:  # every step trained, the rebuild stopped: the failure that stopped it is recovered
                 raise tf.errors.UnavailableError(None, None, "the background rebuild of a lost PS stopped")
             if within or checkpoint_dir:  # one epoch (finish the epoch a failure cut; checkpoint between epochs)
                 result.histories.append(model.fit(
                     x, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch) - within,
-                    callbacks=[gate, *backups.others], verbose=verbose, **fit_kwargs))
+                    callbacks=[*mine, *backups.others], verbose=verbose, **fit_kwargs))
                 if checkpoint_dir and (epoch + 1) % checkpoint_epochs == 0:
                     settler.stop()
                     gate.wait()
@@ -144,7 +164,7 @@ def fit(
             else:
                 result.histories.append(model.fit(
                     x, epochs=int(epochs), initial_epoch=epoch, steps_per_epoch=int(steps_per_epoch),
-                    callbacks=[gate, *backups.others], verbose=verbose, **fit_kwargs))
+                    callbacks=[*mine, *backups.others], verbose=verbose, **fit_kwargs))
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
             if not _may_be_a_task_failure(exc):
                 raise
@@ -214,8 +234,9 @@ class _RebuildGate(tf.keras.callbacks.Callback):
 class _StaleSettler:
     """While ``model.fit`` runs: settles, every second, the steps dead workers left (`PSSRecovery.settle_stale`)."""
 
-    def __init__(self, recovery: PSSRecovery, result: FitResult, period_secs: float = 1.0) -> None:
+    def __init__(self, recovery: PSSRecovery, result: FitResult, lock: Any = None, period_secs: float = 1.0) -> None:
         self._recovery = recovery
+        self._lock = lock or contextlib.nullcontext()  # a flash capture's: no settlement write during it
         self._result = result
         self._period = period_secs
         self._stopped = threading.Event()
@@ -225,7 +246,8 @@ class _StaleSettler:
     def _run(self) -> None:
         while not self._stopped.wait(self._period):
             try:
-                counts = self._recovery.settle_stale()
+                with self._lock:
+                    counts = self._recovery.settle_stale()
             except tf.errors.OpError as exc:  # a PS down: the failure surfaces in fit, recovery follows
                 _LOG.info("stale-step settlement skipped: %s", str(exc).splitlines()[0][:200])
                 continue

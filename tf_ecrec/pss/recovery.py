@@ -24,7 +24,7 @@ channel still backing off, the PS lost again) starts the recovery over from step
 variables a cut attempt re-created stays lost until an attempt finishes it, although its new anchor
 answers.  A loss beyond what the code covers (more than ``r`` chunks of a stripe, a dense variable with
 no surviving copy) or a model variable outside the protection on a lost PS (a BatchNormalization
-statistic, say) raises `RecoveryError`: the job falls back to its checkpoint.
+statistic, say) raises `RecoveryError`: the job falls back to its flash snapshot or checkpoint.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class PSSRecovery:
         self.slice_bytes = int(slice_bytes)
         self.background, self.rebuild_walkers = bool(background), None  # walkers: None, `BackgroundRebuild`'s default
         self.rebuilding: TableRebuild | None = None  # the background rebuild under way, if any
+        self.flash: Any = None  # the job's flash checkpoints (`tf_ecrec.pss.flash.PSSFlash`), restored beyond the code
         self.generation = 0  # the generation this object last set on the logs (`raise_generation`)
         self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
         self._unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
@@ -133,8 +134,9 @@ class PSSRecovery:
         """Steps 1-6 of the module doc; returns what was done (no lost PS: nothing but the reconnect).
 
         A loss beyond the code raises `RecoveryError`, or, given a `checkpoint`
-        written by `tf_ecrec.pss.checkpoint.save`, restores every variable from
-        it (method "checkpoint": the steps since it are rolled back).
+        written by `tf_ecrec.pss.checkpoint.save` or flash snapshots (``self.flash``),
+        restores every variable from the newer (method "checkpoint", "memory" or
+        "disk": the steps since it are rolled back).
 
         A task failure during the recovery (the restarted PS not answering
         yet, or lost again) starts it over, until `timeout_secs`: a PS whose
@@ -180,15 +182,10 @@ class PSSRecovery:
             return result
         try:
             self._check_recoverable(lost)
-        except RecoveryError:
-            if checkpoint is None:
-                raise
-            from tf_ecrec.pss.checkpoint import restore
+        except RecoveryError as exc:
+            from tf_ecrec.pss.checkpoint import fall_back
 
-            self._unfinished = set(lost)
-            restored = restore(self, lost, checkpoint, result, started)
-            self._unfinished = set()
-            return restored
+            return fall_back(self, lost, checkpoint, result, started, exc)  # the flash snapshot or checkpoint, or raise
         alive = [p for p in range(self.protection.num_ps) if p not in lost]
         # From here the lost PS's variables are re-created and refilled: until the end, they are lost whatever
         # their new anchors say.
