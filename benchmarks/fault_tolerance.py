@@ -41,7 +41,7 @@ PRESETS = {
     "ckpt-1000": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "1000"],
     "ckpt-30s": ["--fault-tolerance", "checkpoint", "--checkpoint-secs", "30"],
     # The default: folds batched over steps (a step is its applies and count; the trainer's fold round
-    # every few steps folds and commits them, tf_ecrec.batched_commit).
+    # every few steps folds and commits them, tf_ecrec.step.batched_commit).
     "ecrec-2+1": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     "ecrec-2+1-batched-8": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # a round every 8 steps (0.5 s at most)
@@ -52,7 +52,7 @@ PRESETS = {
     "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
-    # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.failover).
+    # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.session.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
 }

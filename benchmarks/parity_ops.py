@@ -55,8 +55,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.erasure import codec
 
 ADAGRAD_LR = np.float32(0.01)
 
@@ -194,7 +194,7 @@ def build(args: argparse.Namespace, sess_holder: list) -> tuple[list[Case], Call
                     cases.append(Case(op, n, inner, run_fancy))
 
             if not args.no_check and n == min(args.rows):
-                # One single op of each parity kind against NumPy / tf_ecrec.codec.
+                # One single op of each parity kind against NumPy / tf_ecrec.erasure.codec.
                 one_xor = as_op(ec_ops.parity_update(parity, rows, delta, coef=1))
                 one_gf = as_op(ec_ops.parity_update(parity, rows, delta, coef=args.coef))
 
@@ -208,7 +208,7 @@ def build(args: argparse.Namespace, sess_holder: list) -> tuple[list[Case], Call
                         want[rows_np] ^= expect
                         if not np.array_equal(after, want):
                             raise SystemExit(f"check failed: {target.name} does not match NumPy/codec")
-                    print("check: parity_update (XOR and GF) matches NumPy/tf_ecrec.codec", file=sys.stderr)
+                    print("check: parity_update (XOR and GF) matches NumPy/tf_ecrec.erasure.codec", file=sys.stderr)
 
                 checks.append(check)
         noop = tf.no_op()

@@ -11,9 +11,9 @@ storage fixed and varies only the optimizer:
 * ``ecrec K+R [batched N]``: the same storage under `tf_ecrec.ECOptimizer`
   (apply with delta, parity folds, dense and global-step replicas, delta
   logs) as Estimator jobs run it: a step of applies and a count, its folds
-  and commit in a fold round every N steps (default 8; `tf_ecrec.batched_commit`);
+  and commit in a fold round every N steps (default 8; `tf_ecrec.step.batched_commit`);
 * ``ecrec K+R carried``: each step's folds in its run, its commit carried by
-  the next step's run (`tf_ecrec.carried_commit`);
+  the next step's run (`tf_ecrec.step.carried_commit`);
 * ``ecrec K+R in-step``: folds and commit in the step's own run (TF2
   ParameterServerStrategy steps, and Estimator steps before 2026-11-28).
 
@@ -59,7 +59,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from tf_ecrec.config import with_tf_environment
+from tf_ecrec.cluster.tf_config import with_tf_environment
 
 os.environ.update(with_tf_environment(os.environ))
 
@@ -67,7 +67,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.device import ECDeviceFn
+from tf_ecrec.layout.device import ECDeviceFn
 
 TABLES = 26
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         if cut and cut != "commit":
             # A bound, not a protocol: the step stops after `cut` (its later phases never run, so the
             # delta logs keep every step's entries; a few hundred steps of them fit in memory).
-            (optimizer,) = tf_ecrec.optimizer.protectors(graph)
+            (optimizer,) = tf_ecrec.step.optimizer.protectors(graph)
             train = optimizer.phases[cut]
         if "batched" in config and config.split("batched")[1].strip():  # "ecrec 2+1 batched 16": a round every 16 steps
             carried.every = int(config.split("batched")[1].split()[0])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from tf_ecrec.config import with_tf_environment
+from tf_ecrec.cluster.tf_config import with_tf_environment
 
 os.environ.update(with_tf_environment(os.environ))
 

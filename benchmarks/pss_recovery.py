@@ -26,7 +26,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from tf_ecrec.config import with_tf_environment  # noqa: E402  (before TensorFlow is imported)
+from tf_ecrec.cluster.tf_config import with_tf_environment  # noqa: E402  (before TensorFlow is imported)
 
 os.environ.update(with_tf_environment(os.environ))
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from tf_ecrec.config import with_tf_environment
+from tf_ecrec.cluster.tf_config import with_tf_environment
 from tf_ecrec.launcher.ports import pick_ports
 
 TABLES, DIM = 26, 16
@@ -54,9 +54,9 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
     import tensorflow as tf
 
     import tf_ecrec
-    from tf_ecrec.embedding import ECContext, device_task, set_context
     from tf_ecrec.recovery.graph import WHOLE_MARKERS
     from tf_ecrec.recovery.plan import RecoveryPlan
+    from tf_ecrec.step.embedding import ECContext, device_task, set_context
 
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):

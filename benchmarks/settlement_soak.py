@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--background", action="store_true", help="rebuild in the background (docs/rebuild.md)")
     parser.add_argument("--ticks", type=int, default=800, help="events per sequence")
     parser.add_argument("--carried", action="store_true",
-                        help="each step's commit carried by the worker's next run (tf_ecrec.carried_commit)")
+                        help="each step's commit carried by the worker's next run (tf_ecrec.step.carried_commit)")
     parser.add_argument("--batched", action="store_true",
-                        help="steps of applies and a count, folded by the workers' fold rounds (tf_ecrec.batched_commit)")
+                        help="steps of applies and a count, folded by the workers' fold rounds (tf_ecrec.step.batched_commit)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     cluster = InProcessCluster(num_ps=4)

@@ -53,11 +53,11 @@ def graph_cost(ec: str, repeats: int) -> dict:
     import tensorflow as tf
 
     from tf_ecrec.data.pipeline import StaticShards, make_dataset
-    from tf_ecrec.device import ECDeviceFn
-    from tf_ecrec.ec_config import ECConfig
+    from tf_ecrec.erasure.code import ECConfig
     from tf_ecrec.launcher.models import load_model, model_params
     from tf_ecrec.launcher.spec import JobSpec
     from tf_ecrec.launcher.task import make_source
+    from tf_ecrec.layout.device import ECDeviceFn
     from tf_ecrec.model_fn import ec_model_fn
 
     job = JobSpec(fault_tolerance="ecrec", model_dir="/tmp/tf_ecrec_startup_cost", table_rows=2000, embedding_dim=8,

@@ -49,7 +49,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec.data.schema import NUM_CAT
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples.dlrm import OPTIMIZERS, make_optimizer
 

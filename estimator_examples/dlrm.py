@@ -138,7 +138,7 @@ def model_fn(
     """
     if params.get("ec") or params.get("storage") == "collection":
         import tf_ecrec
-        from tf_ecrec.device import layout_placement
+        from tf_ecrec.layout.device import layout_placement
 
         specs = [(f"C{i + 1}", rows) for i, rows in enumerate(params["table_sizes"])]
         if params.get("ec"):

@@ -49,7 +49,7 @@ def serve_or_position(config: tf.estimator.RunConfig) -> tuple[int, int] | None:
     """
     if not config.cluster_spec:
         return 1, 0
-    from tf_ecrec.config import ClusterConfig
+    from tf_ecrec.cluster.tf_config import ClusterConfig
 
     cluster = ClusterConfig.from_environment()
     server = tf.distribute.Server(config.cluster_spec, job_name=config.task_type, task_index=config.task_id, start=True)

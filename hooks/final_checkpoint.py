@@ -26,7 +26,7 @@ _LOG = logging.getLogger(__name__)
 class FinalCheckpointHook(tf.compat.v1.train.SessionRunHook):
     """Saves the model to `model_dir` when the session ends normally and `final()` says training is over.
 
-    A session also ends normally when a hook stops it to follow a moved PS (`tf_ecrec.failover.FailoverLoop`
+    A session also ends normally when a hook stops it to follow a moved PS (`tf_ecrec.session.failover.FailoverLoop`
     rebuilds the Estimator and trains on): `final` tells the two apart (default: every end is final).
     """
 

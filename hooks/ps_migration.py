@@ -2,7 +2,7 @@
 
 Two hooks, one per way of learning about PS changes off the training
 thread; both act on them only between steps (the lifecycle is
-`tf_ecrec.migration.MigrationHook`'s)::
+`tf_ecrec.session.migration.MigrationHook`'s)::
 
     __init__     validate; remember what the session was built for
     begin        start the poller thread (PsMigrationHook) or subscribe to
@@ -14,8 +14,8 @@ thread; both act on them only between steps (the lifecycle is
 After ``Estimator.train`` returns, a non-None ``migration`` says the hook
 stopped the session for a PS change: rebuild TF_CONFIG, the Estimator and
 the session for the new cluster.  The hook that polls a cluster source (and
-follows a move in place) is `tf_ecrec.migration.ClusterSourceMigrationHook`,
-the one the failover loop (`tf_ecrec.failover`) runs.
+follows a move in place) is `tf_ecrec.session.migration.ClusterSourceMigrationHook`,
+the one the failover loop (`tf_ecrec.session.failover`) runs.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.membership.base import EventKind, MembershipBackend, MembershipEvent
-from tf_ecrec.migration import MigrationHook, PollingMigrationHook
-from tf_ecrec.retry import Retry
+from tf_ecrec.session.migration import MigrationHook, PollingMigrationHook
 
 _LOG = logging.getLogger(__name__)
 

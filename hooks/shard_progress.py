@@ -10,7 +10,7 @@
     end             commit the last step, attribute it; flush the sender for at most
                     ``flush_timeout`` seconds; stop it
 
-With a protected step whose commit the next run carries (`tf_ecrec.carried_commit`), a
+With a protected step whose commit the next run carries (`tf_ecrec.step.carried_commit`), a
 step's records are attributed one run later, once its commit ran OK; the records of a
 step that never commits (its session failed first) are never acknowledged, so the
 master hands them out again: a step a failure undoes is retrained, never lost.
@@ -49,14 +49,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.carried_commit import CarriedCommit, carried_commits
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.progress_reporter import ProgressSender, ShardTracker
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
 from tf_ecrec.master.replies import ShardLease
 from tf_ecrec.recovery.owed import owed
-from tf_ecrec.retry import Retry
+from tf_ecrec.step.carried_commit import CarriedCommit, carried_commits
 
 _LOG = logging.getLogger(__name__)
 

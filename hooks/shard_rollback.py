@@ -63,11 +63,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec import failpoints
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import ConfigError, MasterError, MasterUnavailable
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.recovery.owed import clear, owe, owed
-from tf_ecrec.retry import Retry
+from tf_ecrec.step import failpoints
 
 from . import shard_progress
 
@@ -226,7 +226,7 @@ class OwedRollbackHook(tf.compat.v1.train.SessionRunHook):
       dataset: The dataset name.
       checkpoint_dir: The Estimator's ``model_dir`` (the record and the saved shard states).
       retry: Backoff between attempts of the background thread (`max_tries` bounds it).
-      task: this task's name, for the failpoint after a restore (`tf_ecrec.failpoints`).
+      task: this task's name, for the failpoint after a restore (`tf_ecrec.step.failpoints`).
     """
 
     def __init__(self, client: MasterClient, dataset: str, checkpoint_dir: str, retry: Retry | None = None,

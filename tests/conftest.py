@@ -18,12 +18,12 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from harness.ports import LAUNCHER_RANGE  # noqa: E402  (pyproject: pythonpath = tests)
 
-from tf_ecrec.config import with_tf_environment  # noqa: E402  (imports no TensorFlow)
+from tf_ecrec.cluster.tf_config import with_tf_environment  # noqa: E402  (imports no TensorFlow)
 
 # Jobs launched by this xdist worker draw their ports from its own block (tf_ecrec.launcher.ports).
 os.environ["TF_ECREC_PORT_RANGE"] = LAUNCHER_RANGE
 # Every process the tests start (and this one, when nothing imported TensorFlow before) with the product's
-# TensorFlow settings, as the launcher gives its tasks (tf_ecrec.config.TF_ENVIRONMENT).
+# TensorFlow settings, as the launcher gives its tasks (tf_ecrec.cluster.tf_config.TF_ENVIRONMENT).
 os.environ.update(with_tf_environment(os.environ))
 
 # Per-test time limits by tier, in seconds: generous (a loaded 2-core machine runs the slowest e2e

@@ -24,16 +24,16 @@ loaded (the first op built, or ``tf_ecrec.ops.load_library()``, does it).
 import sys
 from typing import Any
 
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import EcRecError
 from tf_ecrec.version import __version__
 
 _LAZY = {
     "ec_model_fn": ("tf_ecrec.model_fn", "ec_model_fn"),
-    "EmbeddingCollection": ("tf_ecrec.embedding", "EmbeddingCollection"),
-    "ECOptimizer": ("tf_ecrec.optimizer", "ECOptimizer"),
-    "ECDeviceFn": ("tf_ecrec.device", "ECDeviceFn"),
-    "EmbeddingTable": ("tf_ecrec.embedding_table", "EmbeddingTable"),
+    "EmbeddingCollection": ("tf_ecrec.step.embedding", "EmbeddingCollection"),
+    "ECOptimizer": ("tf_ecrec.step.optimizer", "ECOptimizer"),
+    "ECDeviceFn": ("tf_ecrec.layout.device", "ECDeviceFn"),
+    "EmbeddingTable": ("tf_ecrec.step.embedding_table", "EmbeddingTable"),
     "train": ("tf_ecrec.estimator_job", "train"),
     "train_and_evaluate": ("tf_ecrec.estimator_job", "train_and_evaluate"),
     "offline_estimator": ("tf_ecrec.offline", "offline_estimator"),

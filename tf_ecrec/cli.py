@@ -305,9 +305,9 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
 def _verify(args: argparse.Namespace) -> int:
     import json
 
+    from tf_ecrec.check.live_cluster import PsReader, read_manifest
+    from tf_ecrec.check.verify import check_parity
     from tf_ecrec.launcher.model_dir import manifest_file
-    from tf_ecrec.live_cluster import PsReader, read_manifest
-    from tf_ecrec.verify import check_parity
 
     manifest = read_manifest(manifest_file(args.model_dir))
     if "ec" not in manifest:

@@ -26,7 +26,7 @@ run``, a shell loop).  By the task type:
   rebuilt from parity by the chief's next session, with no checkpoint read.
   With a cluster source (``cluster_source=``, or the environment of
   ``tf-ecrec run``: ``TF_ECREC_CLUSTER_FILE``), a PS may also come back at
-  a new address: the trainer runs under `tf_ecrec.failover.FailoverLoop`
+  a new address: the trainer runs under `tf_ecrec.session.failover.FailoverLoop`
   with sessions that time out after ``session_timeout_secs``;
 - ``evaluator``: evaluates checkpoints as stock ``train_and_evaluate`` does,
   the tables built with the training cluster's layout (its PS count read
@@ -57,11 +57,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, ClusterSource, FileClusterSource
-from tf_ecrec.config import ClusterConfig
-from tf_ecrec.ec_config import ECConfig, default_code
+from tf_ecrec.cluster.tf_config import ClusterConfig
+from tf_ecrec.erasure.code import ECConfig, default_code
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.model_dir import manifest_file
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, ClusterSource, FileClusterSource
 
 _LOG = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class _Job:
 
     def estimator(self, session_config: Any = None) -> Any:
         """An Estimator of the user's settings for the TF_CONFIG now set, with the protected model_fn."""
-        from tf_ecrec.device import ECDeviceFn
+        from tf_ecrec.layout.device import ECDeviceFn
 
         base = self.user.config
         config = tf.estimator.RunConfig().replace(**{k: getattr(base, k) for k in _KEPT})
@@ -232,8 +232,8 @@ class _Job:
             start_server(cluster)
             self.estimator().train(input_fn, max_steps=max_steps, hooks=all_hooks, saving_listeners=saving_listeners)
             return
-        from tf_ecrec.failover import FailoverLoop
-        from tf_ecrec.ps_session import own_server
+        from tf_ecrec.cluster.ps_session import own_server
+        from tf_ecrec.session.failover import FailoverLoop
 
         own_server(cluster.address)
         loop = FailoverLoop(cluster, lambda _at, config: self.estimator(config), source,
@@ -255,7 +255,7 @@ def train(estimator: Any, input_fn: Callable[[], Any], *, max_steps: int | None 
 
     A PS serves (this call does not return); a chief or worker trains.
 
-    Options: ``cluster_source`` (a `tf_ecrec.cluster_source.ClusterSource`:
+    Options: ``cluster_source`` (a `tf_ecrec.session.cluster_source.ClusterSource`:
     PS tasks may come back at new addresses), ``session_timeout_secs``
     (30; the operation timeout of sessions under a cluster source),
     ``wait_secs`` (120; how long a trainer waits for a lost PS),

@@ -32,8 +32,8 @@ import tensorflow as tf
 from tensorflow.python.feature_column import feature_column_v2 as fc
 from tensorflow.python.feature_column import feature_column_v2_types as fc_types
 
-from tf_ecrec.embedding import EmbeddingCollection, FromCheckpoint, current_context
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.step.embedding import EmbeddingCollection, FromCheckpoint, current_context
 
 _COMBINERS = ("sum", "mean", "sqrtn")
 # Per graph, the collection of each column (by name): a column read twice in a graph reads one table.

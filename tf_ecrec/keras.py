@@ -34,7 +34,7 @@ and model_to_estimator would also warm-start its tables from a first
 checkpoint after their parity was computed).  The RunConfig's
 ``device_fn=tf_ecrec.ECDeviceFn()`` puts data chunks, parity, slots and
 replicas on the PS tasks the layout names (the layer refuses to build
-otherwise: `tf_ecrec.device`).  ``checkpoint_format="saver"``
+otherwise: `tf_ecrec.layout.device`).  ``checkpoint_format="saver"``
 makes the Estimator's checkpoints hold every variable, parity, replicas and
 slots included (the object-based format saves only what Keras tracks).
 
@@ -62,13 +62,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.config import ClusterConfig
-from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import EmbeddingCollection, current_context
+from tf_ecrec.cluster.tf_config import ClusterConfig
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.pss.protection import current_protection
-from tf_ecrec.update_rule import UpdateRule
+from tf_ecrec.step.embedding import EmbeddingCollection, current_context
+from tf_ecrec.step.optimizer import ECOptimizer
+from tf_ecrec.step.update_rule import UpdateRule
 
 
 def _resolve_code(ec: ECConfig | str | None, num_ps: int | None, what: str) -> tuple[ECConfig, int]:
@@ -253,7 +253,7 @@ class ECKerasOptimizer(tf.compat.v1.train.Optimizer):
     applies gradients.  `ec_optimizer()` returns the one of the current graph.
 
     Args:
-      optimizer: a stock tf.compat.v1.train optimizer (see `tf_ecrec.update_rule.UpdateRule`).
+      optimizer: a stock tf.compat.v1.train optimizer (see `tf_ecrec.step.update_rule.UpdateRule`).
       ec: the code of the dense replicas and the global step; default: as `ECOptimizer`.
       name: name prefix of the ops.
 

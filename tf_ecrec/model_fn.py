@@ -5,7 +5,7 @@
 
 Inside the wrapped model_fn, `tf_ecrec.EmbeddingCollection` tables and
 `tf_ecrec.ECOptimizer` pick up the code and the PS count of the RunConfig,
-and their storage is placed per the layout (`tf_ecrec.device`), whichever
+and their storage is placed per the layout (`tf_ecrec.layout.device`), whichever
 device function the RunConfig has; ``RunConfig(device_fn=tf_ecrec.ECDeviceFn())``
 places the rest of the graph by the same rules.
 After the user's model_fn returns, the wrapper checks (training mode) that
@@ -23,25 +23,25 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec import optimizer
-from tf_ecrec.carried_commit import CarriedCommitHook, commit_mode_from_environ
-from tf_ecrec.config import ClusterConfig
-from tf_ecrec.device import layout_placement, local_storage, variable_name
-from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import ECContext, collections, set_context
+from tf_ecrec.cluster.tf_config import ClusterConfig
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.flash.config import FlashConfig
 from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook, trainer_index
 from tf_ecrec.flash.snapshots import FlashSnapshots
-from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.optimizer_parts import finish_pending
+from tf_ecrec.layout.device import layout_placement, local_storage, variable_name
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
 from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import READY_WAIT_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import Listener
 from tf_ecrec.recovery.scaffold import InitialiserHook, SettleAtEndHook, StaleStepSettlerHook, scaffold_for
 from tf_ecrec.recovery.task_wait import TASK_WAIT_SECS, TaskWaitHook, run_config_targets
-from tf_ecrec.step_program import MAX_GENERATION
+from tf_ecrec.step import optimizer
+from tf_ecrec.step.carried_commit import CarriedCommitHook, commit_mode_from_environ
+from tf_ecrec.step.embedding import ECContext, collections, set_context
+from tf_ecrec.step.optimizer import ECOptimizer
+from tf_ecrec.step.optimizer_parts import finish_pending
+from tf_ecrec.step.step_program import MAX_GENERATION
 
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
 _nesting = threading.local()  # whether an ec_model_fn is building a graph on this thread

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_ecrec.config import tf_config_env
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.check.live_cluster import read_manifest
+from tf_ecrec.cluster.tf_config import tf_config_env
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.model_dir import manifest_file
-from tf_ecrec.live_cluster import read_manifest
-from tf_ecrec.placement import Layout
+from tf_ecrec.layout.placement import Layout
 
 
 def offline_estimator(estimator: tf.estimator.Estimator, *, ec: ECConfig | None = None,

@@ -56,9 +56,9 @@ def _assert_exported_model_serves(model_dir, report):
     tf_ecrec (stock ops only) and predicts what the Estimator predicts from the checkpoint."""
     import tensorflow as tf
 
+    from tf_ecrec.check.live_cluster import read_manifest, variables_digest
+    from tf_ecrec.check.verify import redundancy_names
     from tf_ecrec.launcher.export import job_estimator
-    from tf_ecrec.live_cluster import read_manifest, variables_digest
-    from tf_ecrec.verify import redundancy_names
 
     checkpoint = tf.train.latest_checkpoint(str(model_dir))
     assert checkpoint is not None, os.listdir(model_dir)

@@ -72,7 +72,7 @@ def test_processes_killed_at_failpoints_leave_the_same_bytes_as_no_failure(tmp_p
 
 def test_two_ps_moved_to_new_ports_one_after_the_other_leave_the_same_bytes_as_no_failure(tmp_path, reference):
     """The global step's PS and, after its recovery, the last PS, each SIGKILLed and brought back at a new port
-    (the trainers rebuild TF_CONFIG, RunConfig, Estimator and session for it: tf_ecrec.failover): rebuilt from
+    (the trainers rebuild TF_CONFIG, RunConfig, Estimator and session for it: tf_ecrec.session.failover): rebuilt from
     parity, nothing rolled back, no checkpoint read, the no-failure run's bytes.  The second kill cannot meet the
     first recovery: the global step does not pass the first kill's step before the rebuilt PS is back."""
     model_dir = tmp_path / "moved"

@@ -38,7 +38,7 @@ from harness import zygote
 from harness.h2_capture import frames_from, methods, read_segments
 from harness.netns import HostCluster, Network, hosts, unavailable
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tests", "adoption", "fm_protected.py")

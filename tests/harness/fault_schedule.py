@@ -58,15 +58,15 @@ import tensorflow as tf
 import tf_ecrec
 from harness import fold_rounds
 from harness.rig_state import Snapshot
-from tf_ecrec import codec
-from tf_ecrec.embedding import ECContext, device_task, set_context
+from tf_ecrec.base.retry import duplicate_request
+from tf_ecrec.check.verify import check_parity
+from tf_ecrec.erasure import codec
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.graph import WHOLE_MARKERS
 from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import raising_ready_op
-from tf_ecrec.retry import duplicate_request
-from tf_ecrec.step_program import GENERATION_SHIFT, TargetKind
-from tf_ecrec.verify import check_parity
+from tf_ecrec.step.embedding import ECContext, device_task, set_context
+from tf_ecrec.step.step_program import GENERATION_SHIFT, TargetKind
 
 TABLES = [("a", 48), ("b", 12)]
 DIM = 4
@@ -393,7 +393,7 @@ class Sequence:
         # rebuild; the rebuild-cut tests raise it to meet their coverage in fewer ticks.
         self.rebuild_cut_weight = rebuild_cut_weight
         # `carried`: a step's run ends after its count and its commit rounds run with the worker's next
-        # step (tf_ecrec.carried_commit); a step is OK for the oracle once durable (its commit ran).
+        # step (tf_ecrec.step.carried_commit); a step is OK for the oracle once durable (its commit ran).
         self.carried = carried
         self.seed = seed
         self.target = target

@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import MasterUnavailable, RecoveryError
 from tf_ecrec.flash.config import SLOTS, Tier
 from tf_ecrec.hooks.shard_progress import ShardCheckpointListener
 from tf_ecrec.hooks.shard_rollback import OwedRollbackHook
 from tf_ecrec.recovery.owed import owed
-from tf_ecrec.retry import Retry
 
 from . import fault_schedule
 from .fault_schedule import BATCH, InjectedCrash, Oracle, _CrashingSession

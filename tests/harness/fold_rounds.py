@@ -1,4 +1,4 @@
-"""A trainer's fold round (`tf_ecrec.batched_commit`) driven one op at a time, for the fault-schedule harness.
+"""A trainer's fold round (`tf_ecrec.step.batched_commit`) driven one op at a time, for the fault-schedule harness.
 
 A round's ops run in a random order that respects the graph's data and control edges (a fold after
 its variable's take, a mark after its folds, a PS's ready after its marks and every counter read, the
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec.fold_round import FoldRound
+from tf_ecrec.step.fold_round import FoldRound
 
 
 @dataclasses.dataclass

@@ -6,10 +6,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tf_ecrec.batched_commit import BOUND_FACTOR, EVERY
+from tf_ecrec.step.batched_commit import BOUND_FACTOR, EVERY
 
 NOT_DURABLE_BOUND = BOUND_FACTOR * EVERY
-"""Returned steps of a trainer not yet durable, at most (tf_ecrec.batched_commit): what a failure may undo."""
+"""Returned steps of a trainer not yet durable, at most (tf_ecrec.step.batched_commit): what a failure may undo."""
 
 
 def assert_rebuilt_by_parity_to_the_same_bytes(report: dict[str, Any], err: str, reference_sha256: str,

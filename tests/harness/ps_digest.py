@@ -20,8 +20,8 @@ import json
 import re
 import sys
 
+from tf_ecrec.check.live_cluster import PsReader, read_manifest
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.live_cluster import PsReader, read_manifest
 
 
 def digest(manifest_path: str, ps: list[str], task: int) -> dict[str, dict[str, object]]:

@@ -7,7 +7,7 @@ A TF server with the op library loaded (as the launcher's tasks), or with ``plai
 import json
 import sys
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.launcher.task import start_server
 from tf_ecrec.ops import load_library
 

@@ -1,4 +1,4 @@
-"""Folds batched over steps (`tf_ecrec.batched_commit`), on an in-process PS cluster and a real master.
+"""Folds batched over steps (`tf_ecrec.step.batched_commit`), on an in-process PS cluster and a real master.
 
 A step in batched mode is its applies and its count: between fold rounds the logs hold the
 trainer's returned steps (at most its bound) and parity lags the data; a round folds every
@@ -20,14 +20,14 @@ from integration.tf_cluster import tf_cluster
 
 import tf_ecrec
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.batched_commit import BatchedCommit
-from tf_ecrec.carried_commit import CarriedCommitHook, carried_commits
-from tf_ecrec.embedding import ECContext, set_context
+from tf_ecrec.check.verify import check_parity
 from tf_ecrec.hooks.shard_progress import ShardProgressHook
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.progress_reporter import ShardTracker, track
 from tf_ecrec.master.server import MasterHandle, start_master
-from tf_ecrec.verify import check_parity
+from tf_ecrec.step.batched_commit import BatchedCommit
+from tf_ecrec.step.carried_commit import CarriedCommitHook, carried_commits
+from tf_ecrec.step.embedding import ECContext, set_context
 
 cluster = tf_cluster(num_ps=3, num_workers=1)
 BATCH = 16

@@ -14,15 +14,15 @@ from tf_cluster import tf_cluster
 
 import tf_ecrec
 import tf_ecrec.feature_column
-from tf_ecrec.config import tf_config_env
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.check.live_cluster import read_manifest, read_variables
+from tf_ecrec.check.verify import check_parity
+from tf_ecrec.cluster.tf_config import tf_config_env
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.hooks.manifest import VariableManifestHook
-from tf_ecrec.live_cluster import read_manifest, read_variables
+from tf_ecrec.layout.placement import Layout
+from tf_ecrec.layout.table_layout import ChunkKind
 from tf_ecrec.model_fn import ec_model_fn
-from tf_ecrec.placement import Layout
-from tf_ecrec.table_layout import ChunkKind
-from tf_ecrec.verify import check_parity
 
 ps_cluster = tf_cluster(num_ps=3)
 USERS, ITEMS, BATCH = 500, 97, 32

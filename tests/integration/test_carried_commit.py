@@ -1,4 +1,4 @@
-"""The commit carried by the next run (`tf_ecrec.carried_commit`), on an in-process PS cluster and a real master.
+"""The commit carried by the next run (`tf_ecrec.step.carried_commit`), on an in-process PS cluster and a real master.
 
 A protected step whose commit its trainer's next run carries leaves exactly one step in the logs
 between runs; the last one commits when the trainer ends; parity is exact whenever nothing is in
@@ -17,13 +17,13 @@ from integration.tf_cluster import tf_cluster
 
 import tf_ecrec
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.carried_commit import CarriedCommitHook, carried_commits
-from tf_ecrec.embedding import ECContext, set_context
+from tf_ecrec.check.verify import check_parity
 from tf_ecrec.hooks.shard_progress import ShardProgressHook
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.progress_reporter import ShardTracker, track
 from tf_ecrec.master.server import MasterHandle, start_master
-from tf_ecrec.verify import check_parity
+from tf_ecrec.step.carried_commit import CarriedCommitHook, carried_commits
+from tf_ecrec.step.embedding import ECContext, set_context
 
 cluster = tf_cluster(num_ps=3)
 BATCH = 16

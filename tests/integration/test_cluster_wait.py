@@ -1,5 +1,5 @@
 """Start order does not matter to a TF2 coordinator: `tf_ecrec.pss.prepare_process` waits for the tasks its
-TF_CONFIG names (`tf_ecrec.ps_session.wait_until_serving`), and names the ones that never come.
+TF_CONFIG names (`tf_ecrec.cluster.ps_session.wait_until_serving`), and names the ones that never come.
 
 Real TensorFlow servers on loopback ports; a "dead" task is a port nothing listens on.
 """
@@ -15,8 +15,8 @@ import time
 import pytest
 import tensorflow as tf
 
+from tf_ecrec.cluster.ps_session import answers, wait_until_serving
 from tf_ecrec.errors import ClusterUnavailable
-from tf_ecrec.ps_session import answers, wait_until_serving
 
 
 def _free_port() -> int:

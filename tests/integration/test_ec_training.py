@@ -5,7 +5,7 @@ each test builds a small model with an erasure-coded embedding collection and
 dense variables, trains it from 3 worker threads at once (each with its own
 session on its own worker server, Zipf-skewed ids so they collide on the same
 hot rows), then reads every variable and checks every stripe and replica bit
-for bit (`tf_ecrec.verify.check_parity`).
+for bit (`tf_ecrec.check.verify.check_parity`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.embedding import ECContext, set_context
+from tf_ecrec.check.verify import check_parity
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.verify import check_parity
+from tf_ecrec.step.embedding import ECContext, set_context
 
 NUM_PS, NUM_WORKERS = 5, 3
 
@@ -169,8 +169,8 @@ def test_lookup_returns_the_rows_of_each_table(cluster):
 
 def test_an_unprotected_collection_is_the_same_storage_trained_by_a_stock_optimizer(cluster):
     """The like-for-like baseline: the variables, layout and lookups of a protected collection, no protection."""
-    from tf_ecrec.device import layout_placement
-    from tf_ecrec.embedding import collections, device_task
+    from tf_ecrec.layout.device import layout_placement
+    from tf_ecrec.step.embedding import collections, device_task
 
     def values(shape, dtype=tf.float32):
         return tf.reshape(tf.cast(tf.range(shape[0] * shape[1]), tf.float32), shape)

@@ -29,9 +29,9 @@ import tensorflow as tf
 from harness import fault_schedule
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec import steplog
 from tf_ecrec.rebuild.rebuilder import Rebuilder
 from tf_ecrec.rebuild.stripes import CollectionRebuild
+from tf_ecrec.step import steplog
 
 cluster = tf_cluster(num_ps=4)
 

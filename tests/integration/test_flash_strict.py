@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec.device import variable_name
 from tf_ecrec.flash.config import FlashConfig
 from tf_ecrec.flash.hooks import FlashCheckpointHook, FlashGateHook
 from tf_ecrec.flash.snapshots import FlashSnapshots
+from tf_ecrec.layout.device import variable_name
 
 cluster = tf_cluster(num_ps=2)
 TRAINERS = 3

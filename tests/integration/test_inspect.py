@@ -1,4 +1,4 @@
-"""Reading a job's variables from its PS tasks (`tf_ecrec.live_cluster.read_variables`), on an in-process cluster."""
+"""Reading a job's variables from its PS tasks (`tf_ecrec.check.live_cluster.read_variables`), on an in-process cluster."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec import live_cluster
+from tf_ecrec.check import live_cluster
 
 cluster = tf_cluster(num_ps=2, chief=True)
 

@@ -5,8 +5,8 @@ is shared by the module and reset before each test.  Each training test
 builds the Estimator as a user would, from a RunConfig made under the
 chief's TF_CONFIG (so its master is the chief's server), trains on synthetic
 Criteo batches, then reads every variable back from the PS tasks through the
-manifest (`tf_ecrec.live_cluster`) and checks every stripe and replica bit for bit
-(`tf_ecrec.verify`).  The layer's and the example's errors are checked on
+manifest (`tf_ecrec.check.live_cluster`) and checks every stripe and replica bit for bit
+(`tf_ecrec.check.verify`).  The layer's and the example's errors are checked on
 graphs alone.
 """
 
@@ -23,20 +23,20 @@ from harness import zygote
 from harness.serving import serve_without_tf_ecrec, sha256
 from tf_cluster import tf_cluster
 
-from tf_ecrec.config import ClusterConfig, tf_config_env
+from tf_ecrec.check.live_cluster import read_manifest, read_variables, variables_digest
+from tf_ecrec.check.verify import check_parity, redundancy_names
+from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, StaticShards, make_dataset, with_data_accounting
 from tf_ecrec.data.synthetic import SyntheticCriteo
-from tf_ecrec.device import ECDeviceFn
-from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import ECContext, set_context
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
 from tf_ecrec.launcher.models import data_sizes
-from tf_ecrec.live_cluster import read_manifest, read_variables, variables_digest
+from tf_ecrec.layout.device import ECDeviceFn
 from tf_ecrec.model_fn import ec_model_fn
-from tf_ecrec.verify import check_parity, redundancy_names
+from tf_ecrec.step.embedding import ECContext, set_context
 
 ps_cluster = tf_cluster(num_ps=3)
 
@@ -224,7 +224,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert runs.records == [BATCH] * 6  # with_data_accounting counted every batch
 
     # The same checks from outside the job, in bounded slices from the live PS tasks: `tf-ecrec verify`
-    # and the launcher's end-of-job digest (`python -m tf_ecrec.live_cluster`), a small budget splitting stripes.
+    # and the launcher's end-of-job digest (`python -m tf_ecrec.check.live_cluster`), a small budget splitting stripes.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     ps = ",".join(cluster.ps_addresses)
     verify = zygote.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", str(tmp_path), "--ps", ps],
@@ -232,7 +232,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert json.loads(verify.stdout) == result
     digest = zygote.run(
-        [sys.executable, "-c", "import sys, tf_ecrec.live_cluster as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
+        [sys.executable, "-c", "import sys, tf_ecrec.check.live_cluster as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
          str(tmp_path / "variables.json"), ps], env=env, timeout=120)
     assert digest.returncode == 0, digest.stderr[-2000:]
     out = json.loads(digest.stdout.strip().splitlines()[-1])

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from tf_ecrec.base.retry import Retry, retry_on
 from tf_ecrec.errors import ConfigError, MasterUnavailable
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.replies import Cluster, TaskInfo
 from tf_ecrec.master.server import start_master
-from tf_ecrec.retry import Retry, retry_on
 
 
 class FakeTime:

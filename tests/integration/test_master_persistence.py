@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 import tf_ecrec
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import MasterError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.membership import EmbeddedMembership
@@ -23,7 +24,6 @@ from tf_ecrec.master.sharding import DatasetSpec
 from tf_ecrec.master.state.master_state import MasterState
 from tf_ecrec.master.state.snapshot import SnapshotStore
 from tf_ecrec.membership.base import Member
-from tf_ecrec.retry import Retry
 
 _REPO = str(pathlib.Path(tf_ecrec.__file__).resolve().parents[1])
 BATCH = 64

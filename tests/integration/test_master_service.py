@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import (
     AuthenticationError,
     BarrierTimeout,
@@ -26,7 +27,6 @@ from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
 from tf_ecrec.master.server import MasterHandle, start_master
 from tf_ecrec.master.sharding import ShardStatus
 from tf_ecrec.master.wire import ERROR_KEY
-from tf_ecrec.retry import Retry
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Each case runs in a fresh interpreter (a strategy binds the process's eager context to its
 cluster) against real PS and worker processes (`harness.pss_cluster`); the interpreter is the
 coordinator.  The oracles: the layout (every variable's device), re-encoding every stripe from
-the data (`tf_ecrec.verify.check_parity`), and, for recovery, the values every variable held
+the data (`tf_ecrec.check.verify.check_parity`), and, for recovery, the values every variable held
 before the failure (read when no step was in flight), compared bit for bit.
 """
 
@@ -72,7 +72,7 @@ def _data(tf: Any) -> Any:
 
 def _values(model: Any) -> dict[str, np.ndarray]:
     """Every variable of the model and its protection, by name (read when no step is in flight)."""
-    from tf_ecrec.device import variable_name
+    from tf_ecrec.layout.device import variable_name
 
     opt = model.optimizer
     variables = list(model.trainable_variables) + opt.protection_variables() + [opt.iterations]
@@ -80,7 +80,7 @@ def _values(model: Any) -> dict[str, np.ndarray]:
 
 
 def _check_parity(model: Any) -> dict[str, Any]:
-    from tf_ecrec.verify import check_parity
+    from tf_ecrec.check.verify import check_parity
 
     report = check_parity(model.optimizer.describe(), _values(model))
     assert report["stripes_checked"] > 0 and report["replicas_checked"] > 0, report
@@ -97,8 +97,8 @@ def placement_and_parity_case() -> None:
 
         import tf_ecrec.keras
         import tf_ecrec.pss
-        from tf_ecrec.embedding import device_task
         from tf_ecrec.errors import ConfigError
+        from tf_ecrec.step.embedding import device_task
 
         cluster, protection = _setup()
         try:

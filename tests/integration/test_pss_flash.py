@@ -28,8 +28,8 @@ def beyond_the_code_restores_the_flash_snapshot_case() -> None:
         import tensorflow as tf
 
         import tf_ecrec.pss
-        from tf_ecrec.device import variable_name
         from tf_ecrec.flash.config import FlashConfig
+        from tf_ecrec.layout.device import variable_name
         from tf_ecrec.pss.recovery import PSSRecovery
 
         cluster, protection = _setup()

@@ -62,7 +62,7 @@ def generated_case(seed: int = SEED, counts_its_own: bool = False) -> None:
         import tf_ecrec.pss
         from tf_ecrec.pss.checkpoint import save
         from tf_ecrec.pss.recovery import PSSRecovery
-        from tf_ecrec.step_program import MAX_GENERATION
+        from tf_ecrec.step.step_program import MAX_GENERATION
 
         class CountsItsOwn(PSSRecovery):
             """Broken on purpose (issue 30, case 4): the generation is this object's own count."""

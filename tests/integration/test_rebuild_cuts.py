@@ -22,9 +22,9 @@ from harness import fault_schedule
 from harness.fault_schedule import Sequence
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec.embedding import device_task
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.rebuild.rebuilder import Rebuilder
-from tf_ecrec.retry import Retry
+from tf_ecrec.step.embedding import device_task
 
 cluster = tf_cluster(num_ps=4)
 

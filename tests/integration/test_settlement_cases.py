@@ -22,7 +22,7 @@ from harness.fault_schedule import InjectedCrash, Sequence, _CrashingSession
 from integration.test_fault_schedule import _NoRollback, _UndoUncountedFoldsOfLostSources
 from integration.tf_cluster import tf_cluster
 
-from tf_ecrec.step_program import TargetKind
+from tf_ecrec.step.step_program import TargetKind
 
 cluster = tf_cluster(num_ps=4)
 

@@ -18,12 +18,12 @@ from tensorflow.python.training.saving import saveable_object
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 import tf_ecrec
-from tf_ecrec.embedding import ECContext, set_context
+from tf_ecrec.check.verify import check_parity
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LongDeadlineSaver
 from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import ECSaver
-from tf_ecrec.verify import check_parity
+from tf_ecrec.step.embedding import ECContext, set_context
 
 
 def _build(cluster, optimizer="adagrad", k=2, r=1, num_ps=3):  # noqa: F811

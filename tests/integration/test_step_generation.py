@@ -16,10 +16,10 @@ import tensorflow as tf
 from test_ec_training import cluster  # noqa: F401  (the module-wide in-process cluster fixture)
 
 import tf_ecrec
-from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.recovery.generation import SessionGenerationHook
 from tf_ecrec.recovery.plan import RecoveryPlan
-from tf_ecrec.step_program import GENERATION_SHIFT
+from tf_ecrec.step.embedding import ECContext, set_context
+from tf_ecrec.step.step_program import GENERATION_SHIFT
 
 
 def _trainer(cluster, version=0):  # noqa: F811

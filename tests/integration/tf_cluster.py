@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 import tensorflow as tf
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 
 
 def free_ports(n: int) -> list[int]:

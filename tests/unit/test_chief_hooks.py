@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_ecrec.recovery.result import RecoveryMethod
 from tf_ecrec.recovery.scaffold import SettleAtEndHook, StaleStepSettlerHook
-from tf_ecrec.steplog import SettleReport
+from tf_ecrec.step.steplog import SettleReport
 
 
 class _Plan:

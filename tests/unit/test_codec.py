@@ -1,4 +1,4 @@
-"""Unit tests of tf_ecrec.codec, with pyeclib's liberasurecode_rs_vand as oracle."""
+"""Unit tests of tf_ecrec.erasure.codec, with pyeclib's liberasurecode_rs_vand as oracle."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pyeclib import ec_iface as pyeclib_iface
 
-from tf_ecrec import codec, gf16
-from tf_ecrec.codec import Code, decode, encode
+from tf_ecrec.erasure import codec, gf16
+from tf_ecrec.erasure.codec import Code, decode, encode
 from tf_ecrec.errors import CodecError, ConfigError, ReconstructionError
 
 HEADER = codec.PYECLIB_HEADER_BYTES

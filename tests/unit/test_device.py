@@ -1,4 +1,4 @@
-"""Unit tests of tf_ecrec.device: where ECDeviceFn puts every kind of op (graphs only, no servers)."""
+"""Unit tests of tf_ecrec.layout.device: where ECDeviceFn puts every kind of op (graphs only, no servers)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
-import tf_ecrec.embedding
-import tf_ecrec.optimizer
-from tf_ecrec.config import ClusterConfig, tf_config_env
-from tf_ecrec.device import ECDeviceFn, layout_placement, on_ps
-from tf_ecrec.embedding import ECContext, set_context
+import tf_ecrec.step.embedding
+import tf_ecrec.step.optimizer
+from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.layout.device import ECDeviceFn, layout_placement, on_ps
+from tf_ecrec.step.embedding import ECContext, set_context
 
 
 def _model(num_ps: int, k: int = 2, r: int = 1) -> tuple[tf_ecrec.EmbeddingCollection, tf_ecrec.ECOptimizer, tf.Variable]:
@@ -149,9 +149,9 @@ def test_a_protected_graph_exports_its_meta_graph_without_serialization_warnings
     # ("Issue encountered when serializing ...") at every save. They live beside the graph now.
     with tf.Graph().as_default(), tf.compat.v1.device(ECDeviceFn(num_ps=3, worker_device="/job:worker/task:1")):
         coll, opt, _ = _model(3)
-        assert tf_ecrec.optimizer.protectors() == [opt]
-        assert tf_ecrec.embedding.collections() == [coll]
+        assert tf_ecrec.step.optimizer.protectors() == [opt]
+        assert tf_ecrec.step.embedding.collections() == [coll]
         with caplog.at_level(logging.WARNING):
             tf.compat.v1.train.export_meta_graph()
     assert "Issue encountered when serializing" not in caplog.text
-    assert tf_ecrec.optimizer.protectors(tf.Graph()) == []
+    assert tf_ecrec.step.optimizer.protectors(tf.Graph()) == []

@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
+from tf_ecrec.base.retry import duplicate_request
 from tf_ecrec.flash import snapshots
-from tf_ecrec.retry import duplicate_request
 
 TWICE = ("The same RunGraph (Worker) request was received twice. graph_handle: \"0000000000000007\" "
          "step_id: 85086140218583148")

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.device import local_storage
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.layout.device import local_storage
 
 
 def _tables():

@@ -14,14 +14,14 @@ import time
 import pytest
 import tensorflow as tf
 
-from tf_ecrec.cluster_source import FileClusterSource, MasterClusterSource, write_cluster_file
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.ps_session import session_config
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.failover import FailoverLoop, State
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.server import start_master
-from tf_ecrec.migration import ClusterSourceMigrationHook
-from tf_ecrec.ps_session import session_config
+from tf_ecrec.session.cluster_source import FileClusterSource, MasterClusterSource, write_cluster_file
+from tf_ecrec.session.failover import FailoverLoop, State
+from tf_ecrec.session.migration import ClusterSourceMigrationHook
 
 PS = ["127.0.0.1:3000", "127.0.0.1:3001", "127.0.0.1:3002"]
 
@@ -185,8 +185,8 @@ def test_a_retarget_raises_the_graphs_step_generation_to_the_moved_clusters_vers
     """Issue 33: a trainer that follows a move in place keeps its graph; the generation its next sessions' steps
     carry is the cluster's version (the file's when it publishes one, else one more per move), raised before the
     session config names the new cluster.  Before the fix it stayed the graph's build version (0)."""
-    from tf_ecrec.ec_config import ECConfig
-    from tf_ecrec.embedding import ECContext, set_context
+    from tf_ecrec.erasure.code import ECConfig
+    from tf_ecrec.step.embedding import ECContext, set_context
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     moved = [PS[0], "127.0.0.1:4001", PS[2]]
@@ -210,7 +210,7 @@ def test_a_retarget_raises_the_graphs_step_generation_to_the_moved_clusters_vers
 
 
 def test_the_file_source_reads_the_version_the_launcher_writes_beside_the_jobs(tmp_path):
-    from tf_ecrec.cluster_source import read_view
+    from tf_ecrec.session.cluster_source import read_view
 
     path = str(tmp_path / "cluster.json")
     write_cluster_file(path, {"ps": PS}, version=3)
@@ -227,7 +227,7 @@ def test_the_file_source_reads_the_version_the_launcher_writes_beside_the_jobs(t
 def test_the_file_source_reads_an_unchanged_file_with_a_stat_and_sees_every_replacement(tmp_path, monkeypatch):
     """Trainers poll the cluster file every 20 ms (`FileClusterSource.poll_secs`): an unchanged file is not read
     again, and every version the launcher writes (an atomic replace) is seen at the next poll."""
-    import tf_ecrec.cluster_source as cluster_source
+    import tf_ecrec.session.cluster_source as cluster_source
 
     path = str(tmp_path / "cluster.json")
     write_cluster_file(path, {"ps": PS}, version=1)
@@ -317,7 +317,7 @@ def test_a_retarget_that_fails_stops_the_session_instead():
 def test_a_real_estimator_creates_its_sessions_from_the_config_the_loop_retargets(tmp_path):
     """The contract retargeting rests on, checked on tf.estimator itself: the ConfigProto the Estimator passes
     to its sessions is found from the one `build` was given, also when RunConfig.replace copied it."""
-    from tf_ecrec.ps_session import live_session_config
+    from tf_ecrec.cluster.ps_session import live_session_config
 
     config = session_config(_cluster(), 5.0)
     run_config = tf.estimator.RunConfig(model_dir=str(tmp_path), session_config=config)
@@ -466,7 +466,7 @@ def test_hook_in_source_mode_ignores_a_ps_that_is_down_and_one_back_at_its_addre
 
 
 def test_fast_reconnect_sets_grpc_backoff_options_unless_the_user_set_them(monkeypatch):
-    from tf_ecrec.ps_session import GRPC_RECONNECT_OPTIONS, fast_reconnect
+    from tf_ecrec.cluster.ps_session import GRPC_RECONNECT_OPTIONS, fast_reconnect
 
     monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS", raising=False)
     fast_reconnect()
@@ -481,7 +481,7 @@ def test_the_trainers_sessions_run_without_grappler_unless_asked_or_given_a_base
     """A recovery is a dozen first calls on a new session, each optimised by Grappler when it is on: the sessions the
     loop makes turn it off (measured: 0.4-0.5 s less from a PS kill to the first step); TF_ECREC_GRAPPLER=on keeps
     TensorFlow's default, and a base config's graph options are the caller's."""
-    from tf_ecrec.ps_session import ENV_GRAPPLER, propagated_config
+    from tf_ecrec.cluster.ps_session import ENV_GRAPPLER, propagated_config
 
     monkeypatch.delenv(ENV_GRAPPLER, raising=False)
     cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}

@@ -1,9 +1,9 @@
-"""Parsing of TF_ECREC_FAILPOINT (tf_ecrec.failpoints); the ops it arms are run in tests/e2e/test_failpoints.py."""
+"""Parsing of TF_ECREC_FAILPOINT (tf_ecrec.step.failpoints); the ops it arms are run in tests/e2e/test_failpoints.py."""
 
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.failpoints import ENV, Armed, FailPoint, FailpointPlan
+from tf_ecrec.step.failpoints import ENV, Armed, FailPoint, FailpointPlan
 
 
 def test_several_comma_separated_failpoints_are_armed_in_order():

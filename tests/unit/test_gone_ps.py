@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.migration import ClusterSourceMigrationHook
+from tf_ecrec.session.migration import ClusterSourceMigrationHook
 
 
 class _Source:

@@ -267,7 +267,7 @@ class _Commit:
 def test_shard_progress_hook_numbers_the_runs_of_a_new_graph_as_its_commits_do(master) -> None:
     """The failover loop builds a new Estimator after a failed session, with the same hooks and no `end` in
     between: the new graph's commits number runs from 1, and the hook must ask them about those runs."""
-    from tf_ecrec.carried_commit import register
+    from tf_ecrec.step.carried_commit import register
 
     acknowledged: list[int] = []
     hook = shard_progress.ShardProgressHook(worker(master), ShardTracker(), records=10)

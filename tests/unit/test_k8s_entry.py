@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE
-from tf_ecrec.config import TF_ENVIRONMENT
+from tf_ecrec.cluster.tf_config import TF_ENVIRONMENT
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import k8s
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = JobSpec(ps=3, workers=3, fault_tolerance="ecrec")

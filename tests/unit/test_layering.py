@@ -29,56 +29,31 @@ LAYERS: dict[str, float] = {
     # 0 foundation: values, errors, the code's arithmetic, the data formats.
     "tf_ecrec.errors": 0,
     "tf_ecrec.version": 0,
-    "tf_ecrec.retry": 0,
-    "tf_ecrec.process_end": 0,
-    "tf_ecrec.config": 0,
-    "tf_ecrec.ec_config": 0,
-    "tf_ecrec.gf16": 0,
-    "tf_ecrec.codec": 0,
-    "tf_ecrec.unfolded": 0,
-    "tf_ecrec.graph_registry": 0,
+    "tf_ecrec.base": 0,  # retries, process end, graph registry, unfolded constants
+    "tf_ecrec.erasure": 0,  # GF(2^16), the codec, the code a job chooses
     "tf_ecrec.data": 0,
     # 1 devices: the op library and its wrappers, where things are placed, reaching PS tasks.
     "tf_ecrec": 1,  # the package's facade: loads the op library when TensorFlow is in the process
     "tf_ecrec.ops": 1,
-    "tf_ecrec.table_layout": 1,
-    "tf_ecrec.placement": 1,
-    "tf_ecrec.stripe_encoding": 1,
-    "tf_ecrec.wire": 1,
-    "tf_ecrec.device": 1,
-    "tf_ecrec.failpoints": 1,
-    "tf_ecrec.ps_session": 1,
+    "tf_ecrec.cluster": 1,  # TF_CONFIG, sessions that carry their cluster
+    "tf_ecrec.layout": 1,  # chunks, stripes, placement, the device function
     # 2 protection: tables, the protected step, settlement, recovery, checks of a live cluster.
-    "tf_ecrec.embedding": 2,
-    "tf_ecrec.embedding_table": 2,
-    "tf_ecrec.feature_column": 2,
-    "tf_ecrec.update_rule": 2,
-    "tf_ecrec.protection": 2,
-    "tf_ecrec.step_program": 2,
-    "tf_ecrec.optimizer": 2,
-    "tf_ecrec.optimizer_parts": 2,
-    "tf_ecrec.carried_commit": 2,
-    "tf_ecrec.batched_commit": 2,
-    "tf_ecrec.fold_round": 2,
-    "tf_ecrec.steplog": 2,
-    "tf_ecrec.stale_steps": 2,
+    "tf_ecrec.step": 2,  # protected tables, the step, its log and settlement
+    "tf_ecrec.check": 2,  # a live cluster read and verified
     "tf_ecrec.rebuild": 2,
     "tf_ecrec.recovery": 2,
-    "tf_ecrec.model_fn": 2,
-    "tf_ecrec.keras": 2,
-    "tf_ecrec.verify": 2,
-    "tf_ecrec.live_cluster": 2,
-    "tf_ecrec.pss": 2,
     "tf_ecrec.flash": 2,
+    "tf_ecrec.pss": 2,
+    "tf_ecrec.feature_column": 2,
+    "tf_ecrec.keras": 2,
+    "tf_ecrec.model_fn": 2,
     # 3 coordination: membership backends (3.0), then the job master (3.5), which may use them.
     "tf_ecrec.membership": 3,
     "tf_ecrec.master": 3.5,
     # 4 session: what runs inside a trainer's session loop.
     "tf_ecrec.data.leased": 4,
-    "tf_ecrec.cluster_source": 4,
-    "tf_ecrec.migration": 4,
+    "tf_ecrec.session": 4,  # where the PS are now, following a move, the failover loop
     "tf_ecrec.hooks": 4,
-    "tf_ecrec.failover": 4,
     # 5 launch: processes, the command line, the example models.
     "tf_ecrec.launcher": 5,
     "tf_ecrec.launcher.k8s": 5,  # the pod entry of deploy/ (docs/kubernetes.md)
@@ -194,10 +169,10 @@ def test_imports_run_from_higher_layers_to_lower_ones_only() -> None:
 
 
 def test_the_checker_catches_an_upward_import_even_inside_a_function() -> None:
-    codec = next(s for s in sources() if s.module == "tf_ecrec.codec")
+    codec = next(s for s in sources() if s.module == "tf_ecrec.erasure.codec")
     text = "def f():\n    from tf_ecrec.launcher import spec\n    return spec\n"
     assert violations(codec, text) == [
-        "tf_ecrec/codec.py:2: tf_ecrec.codec (layer 0) imports tf_ecrec.launcher.spec (layer 5)"
+        "tf_ecrec/erasure/codec.py:2: tf_ecrec.erasure.codec (layer 0) imports tf_ecrec.launcher.spec (layer 5)"
     ]
     hook = next(s for s in sources() if s.module.startswith("tf_ecrec.hooks."))
     assert any("tf_ecrec.launcher" in v for v in violations(hook, "from ..launcher import spec\n"))
@@ -274,9 +249,9 @@ def test_tf_config_has_one_writer() -> None:
     found = [
         f"{s.path.relative_to(REPO)}:{line}"
         for s in sources()
-        if s.module != "tf_ecrec.config"
+        if s.module != "tf_ecrec.cluster.tf_config"
         for line in _writes_tf_config(ast.parse(s.path.read_text()))
     ]
-    assert not found, f"TF_CONFIG is written only by tf_ecrec.config.tf_config_env: {found}"
+    assert not found, f"TF_CONFIG is written only by tf_ecrec.cluster.tf_config.tf_config_env: {found}"
     assert _writes_tf_config(ast.parse('import os\nos.environ["TF_CONFIG"] = "{}"\n')) == [2]
     assert _writes_tf_config(ast.parse('import os\nos.environ.pop("TF_CONFIG", None)\n')) == [2]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tf_ecrec.check.live_cluster import dial_back_address
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.live_cluster import dial_back_address
 
 
 def test_ps_on_this_machine_dial_back_over_loopback() -> None:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.launcher import master_driver
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.master_driver import MasterDriver

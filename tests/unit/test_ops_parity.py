@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.erasure import codec
 
 V1 = tf.compat.v1
 F32 = np.float32

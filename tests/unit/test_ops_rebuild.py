@@ -3,7 +3,7 @@
 In graph mode, in process. The properties the PS-side rebuild relies on: a
 slice read and written back is the identity, bit for bit, across variables
 of different dtypes side by side; `combine_rows` with the decoding
-coefficients of `tf_ecrec.codec` gives exactly the chunk `codec.decode`
+coefficients of `tf_ecrec.erasure.codec` gives exactly the chunk `codec.decode`
 gives (and with the data's, the parity `codec.encode` gives), for XOR and
 GF(2^16) codes and every pattern of survivors; a read of count 0 never
 touches its (possibly uninitialised) variables; bad input fails with the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_ecrec import codec
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.erasure import codec
 from tf_ecrec.errors import CodecError, ReconstructionError
 
 V1 = tf.compat.v1

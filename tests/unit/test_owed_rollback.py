@@ -10,11 +10,11 @@ import threading
 
 import pytest
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import MasterUnavailable, RecoveryError
 from tf_ecrec.hooks.shard_progress import ShardCheckpointListener
 from tf_ecrec.hooks.shard_rollback import OwedRollbackHook, roll_back_shards
 from tf_ecrec.recovery.owed import OWED_FILE, clear, owe, owed
-from tf_ecrec.retry import Retry
 
 
 class Master:
@@ -113,9 +113,9 @@ def test_no_shard_progress_is_saved_while_a_rollback_is_owed(tmp_path):
 
 
 def test_the_failpoint_after_a_restore_kills_the_named_task_once(tmp_path):
-    from tf_ecrec.failpoints import FailPoint, fire_in_python
+    from tf_ecrec.step.failpoints import FailPoint, fire_in_python
 
-    code = ("from tf_ecrec.failpoints import FailPoint, fire_in_python; "
+    code = ("from tf_ecrec.step.failpoints import FailPoint, fire_in_python; "
             "fire_in_python(FailPoint.CHIEF_AFTER_RESTORE, 'chief:0', 197); print('alive')")
     env = {"TF_ECREC_FAILPOINT": "chief_after_restore@chief:0@step=0", "TF_ECREC_FAILPOINT_DIR": str(tmp_path),
            "TF_CPP_MIN_LOG_LEVEL": "3", **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "PYTHONPATH")}}

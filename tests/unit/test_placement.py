@@ -1,4 +1,4 @@
-"""Unit tests of tf_ecrec.placement: a hand-checked example and property loops."""
+"""Unit tests of tf_ecrec.layout.placement: a hand-checked example and property loops."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.placement import Layout, plan
-from tf_ecrec.table_layout import ChunkKind, TableLayout, TableSpec
+from tf_ecrec.layout.placement import Layout, plan
+from tf_ecrec.layout.table_layout import ChunkKind, TableLayout, TableSpec
 
 
 def _random_cases(count: int, seed: int) -> list[tuple[int, int, int, list[TableSpec]]]:

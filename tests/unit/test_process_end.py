@@ -1,4 +1,4 @@
-"""`tf_ecrec.process_end.end_process` in a real process: what a normal exit would clean up is cleaned up."""
+"""`tf_ecrec.base.process_end.end_process` in a real process: what a normal exit would clean up is cleaned up."""
 
 import json
 import os
@@ -18,7 +18,7 @@ tf.autograph.to_graph(f)  # autograph writes the converted code to a temp file, 
 files = [m.__file__ for n, m in sys.modules.items() if n.startswith("__autograph_generated_file")]
 print(json.dumps(files), flush=True)
 if sys.argv[1] == "end_process":
-    from tf_ecrec.process_end import end_process
+    from tf_ecrec.base.process_end import end_process
     end_process(0)
 import os
 os._exit(0)

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.update_rule import RuleKind, UpdateRule
+from tf_ecrec.step.update_rule import RuleKind, UpdateRule
 
 
 @pytest.mark.parametrize("optimizer, kind, slots", [
@@ -80,7 +80,7 @@ def test_protect_refuses_a_strategy_that_is_not_parameter_server() -> None:
 
 def test_a_function_session_runs_nested_fetches_with_feeds_over_eager_variables() -> None:
     from tf_ecrec.pss.function_session import FunctionSession
-    from tf_ecrec.steplog import FeedPairs, feeds
+    from tf_ecrec.step.steplog import FeedPairs, feeds
 
     var = tf.Variable(tf.zeros([4, 2]))
 
@@ -105,7 +105,7 @@ def test_a_function_session_runs_nested_fetches_with_feeds_over_eager_variables(
 
 
 def test_step_ids_drawn_in_the_graph_differ_and_carry_the_generation() -> None:
-    from tf_ecrec.step_program import GENERATION_SHIFT, new_step_id
+    from tf_ecrec.step.step_program import GENERATION_SHIFT, new_step_id
 
     tf.random.set_seed(7)  # a global seed must not make two workers draw the same ids
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tf_ecrec.placement import plan
+from tf_ecrec.layout.placement import plan
 from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
 
 TOO_MUCH = "stripe 0 of 'emb' lost 2 chunks and the code 2+1 rebuilds 1"

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.launcher import exits
 from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState

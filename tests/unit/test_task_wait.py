@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tf_ecrec.base.retry import Retry, retry_on
 from tf_ecrec.errors import ConfigError, RecoveryError
 from tf_ecrec.recovery.task_wait import TaskWaitHook, run_config_targets, session_targets
-from tf_ecrec.retry import Retry, retry_on
 
 CLUSTER = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}
 
@@ -24,8 +24,8 @@ def test_a_propagated_cluster_is_what_the_session_reaches(monkeypatch) -> None:
 
     import tensorflow as tf
 
-    from tf_ecrec.config import ClusterConfig
-    from tf_ecrec.ps_session import session_config
+    from tf_ecrec.cluster.ps_session import session_config
+    from tf_ecrec.cluster.tf_config import ClusterConfig
 
     cluster = ClusterConfig({"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}, "worker", 1)
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster.cluster, "task": {"type": "worker", "index": 1}}))

@@ -1,4 +1,4 @@
-"""No large tensor of the initialisation or of a rebuild can be folded into a graph constant (`tf_ecrec.unfolded`).
+"""No large tensor of the initialisation or of a rebuild can be folded into a graph constant (`tf_ecrec.base.unfolded`).
 
 Each PS optimizes its partition of a graph when a session first runs it,
 and constant folding evaluates every subgraph whose inputs are constants,
@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.recovery.plan import RecoveryPlan
+from tf_ecrec.step.embedding import ECContext, set_context
 
 LIMIT = 1 << 20  # bytes: anything larger must be made when its op runs
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.update_rule import RuleKind, UpdateRule
+from tf_ecrec.step.update_rule import RuleKind, UpdateRule
 
 V1 = tf.compat.v1
 F32 = np.float32

@@ -1,4 +1,4 @@
-"""Verification and digests in bounded slices (`tf_ecrec.verify.check_parity`, `tf_ecrec.live_cluster.streamed_digest`).
+"""Verification and digests in bounded slices (`tf_ecrec.check.verify.check_parity`, `tf_ecrec.check.live_cluster.streamed_digest`).
 
 A model of many GB cannot be held twice in the process that checks it (the
 launcher's end-of-job digest of a 4 GB job was killed for memory holding the
@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_ecrec import codec, placement
-from tf_ecrec.live_cluster import ArrayReader, streamed_digest, variables_digest
-from tf_ecrec.verify import check_parity
+from tf_ecrec.check.live_cluster import ArrayReader, streamed_digest, variables_digest
+from tf_ecrec.check.verify import check_parity
+from tf_ecrec.erasure import codec
+from tf_ecrec.layout import placement
 
 
 class _CountingReader(ArrayReader):
@@ -111,7 +112,7 @@ def test_a_changed_slot_value_or_replica_is_a_mismatch():
 
 @pytest.mark.parametrize("budget", [None, 64, 1])
 def test_the_streamed_digest_equals_the_in_memory_one(budget, monkeypatch):
-    from tf_ecrec import live_cluster
+    from tf_ecrec.check import live_cluster
 
     values, _, _ = _job(seed=3)
     if budget:

@@ -1,4 +1,4 @@
-"""`tf_ecrec.wire`: tensors packed into one transfer and given back whole, on one task and across two."""
+"""`tf_ecrec.step.wire`: tensors packed into one transfer and given back whole, on one task and across two."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tests.harness.ports import free_ports
-from tf_ecrec import wire
+from tf_ecrec.step import wire
 
 CASES = [
     np.array([[1, -2], [3, 2**31 - 1], [5, -(2**31)]], np.int32),

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 import tf_ecrec
-from tf_ecrec.embedding import ECContext, set_context
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.recovery.plan import RecoveryPlan
+from tf_ecrec.step.embedding import ECContext, set_context
 
 
 def _build(chief: bool):

@@ -245,7 +245,7 @@ class PartitionSource:
 
     def _read(self, start: int, end: int) -> list[bytes]:
         """The queue's records, a broker that does not answer retried for up to `READ_RETRY_SECS`."""
-        from tf_ecrec.retry import Retry
+        from tf_ecrec.base.retry import Retry
 
         retry = Retry(max_tries=20, delay=0.2, deadline=READ_RETRY_SECS, retry_if=lambda exc: isinstance(exc, StreamUnavailable))
         return retry(self.queue.read, self.partition, start, end)

@@ -32,9 +32,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.carried_commit import carried_commits
 from tf_ecrec.flash.config import SLOTS, Tier, early_steps
 from tf_ecrec.flash.snapshots import FlashSnapshots
+from tf_ecrec.step.carried_commit import carried_commits
 
 _LOG = logging.getLogger(__name__)
 POLL_SECS = 0.002

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.device import ps_device, variable_name
+from tf_ecrec.base.retry import Retry, duplicate_request
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.flash.config import (
     BUNDLE,
@@ -49,10 +49,10 @@ from tf_ecrec.flash.config import (
     shm_root,
     slot_dir,
 )
+from tf_ecrec.layout.device import ps_device, variable_name
 from tf_ecrec.ops import delta_log_pending
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS
-from tf_ecrec.retry import Retry, duplicate_request
-from tf_ecrec.steplog import feeds
+from tf_ecrec.step.steplog import feeds
 
 _LOG = logging.getLogger(__name__)
 

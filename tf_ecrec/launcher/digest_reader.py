@@ -1,7 +1,7 @@
 """The launcher's end-of-job read of the PS tasks (digest, parity), from a process started ahead of time.
 
 The report's ``variables_sha256`` and ``parity`` come from reading every
-variable back from the PS tasks once training is over (`tf_ecrec.live_cluster`).
+variable back from the PS tasks once training is over (`tf_ecrec.check.live_cluster`).
 That reader is a TensorFlow process, and a Python process importing
 TensorFlow spends seconds of CPU before it can read anything: started after
 the last step, that time sits between training and the report, in every run.
@@ -28,7 +28,7 @@ from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_proces
 
 
 class DigestReader:
-    """One `tf_ecrec.live_cluster` process per job, started early, asked once.
+    """One `tf_ecrec.check.live_cluster` process per job, started early, asked once.
 
     Args:
       manifest: the chief's variable manifest (read by the reader when asked).
@@ -60,7 +60,7 @@ class DigestReader:
         stdin_r, self._stdin = os.pipe()
         self._stdout, stdout_w = os.pipe()
         try:
-            self._proc = start_process(self.forkserver, "tf_ecrec.live_cluster", [self._manifest, "-"], env,
+            self._proc = start_process(self.forkserver, "tf_ecrec.check.live_cluster", [self._manifest, "-"], env,
                                        stdin_r, stdout_w, self._log, name="digest")
         finally:
             os.close(stdin_r)

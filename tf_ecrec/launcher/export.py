@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from tf_ecrec.data.schema import NUM_CAT, NUM_DENSE
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher.model_dir import job_file
 from tf_ecrec.launcher.models import load_model, model_params

@@ -157,6 +157,6 @@ def start_child(module: str, args: Sequence[str], env: Mapping[str, str]) -> sub
         import traceback
 
         traceback.print_exc()
-    from tf_ecrec.process_end import end_process
+    from tf_ecrec.base.process_end import end_process
 
     end_process(code)

@@ -47,10 +47,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tf_ecrec.base.process_end import end_process
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.launcher import forked_process
 from tf_ecrec.launcher.forked_process import ForkedProcess, adopt_environment, forget_logging, prctl
-from tf_ecrec.process_end import end_process
 
 ENV_FORKSERVER = "TF_ECREC_FORKSERVER"  # "0": every task imports TensorFlow itself
 _PR_SET_PDEATHSIG = 1
@@ -62,7 +62,7 @@ PRELOAD = (
     "tensorflow",
     "tf_ecrec.ops.loader",
     "tf_ecrec.launcher.task",
-    "tf_ecrec.live_cluster",
+    "tf_ecrec.check.live_cluster",
 )
 
 

@@ -6,7 +6,7 @@ this.  It works out the task's TF_CONFIG, runs the task entry
 as its child with that TF_CONFIG in the child's environment, forwards
 SIGTERM and SIGINT to it, and exits with its exit code (``128 + N`` when
 the child died of signal N, as a shell reports it).  This process never
-sets TF_CONFIG in its own environment (`tf_ecrec.config.tf_config_env` is
+sets TF_CONFIG in its own environment (`tf_ecrec.cluster.tf_config.tf_config_env` is
 its one writer); it builds the child's environment.
 
 Where TF_CONFIG comes from:
@@ -57,11 +57,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource
-from tf_ecrec.config import ClusterConfig, with_tf_environment
+from tf_ecrec.cluster.tf_config import ClusterConfig, with_tf_environment
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.launcher.forked_process import start_child
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, FileClusterSource
 
 _LOG = logging.getLogger(__name__)
 

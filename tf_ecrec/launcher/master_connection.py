@@ -31,7 +31,7 @@ import signal
 import threading
 from typing import Any
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.launcher.spec import JobSpec
 
@@ -113,9 +113,9 @@ class MasterConnection:
 
         member = Member(self.cluster.task_type, self.cluster.task_index, self.cluster.address)
         if self.job.zk:
+            from tf_ecrec.base.retry import Retry
             from tf_ecrec.master.client import MasterClient
             from tf_ecrec.membership.zookeeper import ZooKeeperMembership
-            from tf_ecrec.retry import Retry
 
             self.client = MasterClient(
                 self.master_address, member.task_type, member.task_index, token=self._token, timeout=2.0,

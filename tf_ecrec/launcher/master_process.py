@@ -189,8 +189,8 @@ class MasterWatch:
     """
 
     def __init__(self, address: str, token: str | None, dataset: str) -> None:
+        from tf_ecrec.base.retry import Retry
         from tf_ecrec.master.client import MasterClient
-        from tf_ecrec.retry import Retry
 
         self.address = address
         self._token = token

@@ -3,7 +3,7 @@
 ::
 
     <model_dir>/job.json         the JobSpec every task reads (`job_file`)
-    <model_dir>/cluster.json     the cluster trainers follow (`cluster_file`; tf_ecrec.cluster_source)
+    <model_dir>/cluster.json     the cluster trainers follow (`cluster_file`; tf_ecrec.session.cluster_source)
     <model_dir>/variables.json   the chief's variable manifest (`MANIFEST_FILE`; tf-ecrec verify, the digest)
     <model_dir>/logs/<task>.log  one log per task process, and master.log (`log_file`)
     <model_dir>/master/          the job master's state dir (`master_state_dir`)

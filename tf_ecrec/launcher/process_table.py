@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from tf_ecrec.config import ClusterConfig, with_tf_environment
+from tf_ecrec.cluster.tf_config import ClusterConfig, with_tf_environment
 from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
 from tf_ecrec.launcher.model_dir import job_file, log_file
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tf_ecrec.ps_session import GET_STATUS
+from tf_ecrec.cluster.ps_session import GET_STATUS
 
 BUSY_SHARE = 0.2
 """Share of one core a silent PS must have run or waited to run (`tf_ecrec.launcher.cpu_usage.busy_seconds`)

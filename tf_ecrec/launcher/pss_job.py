@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
@@ -104,7 +104,7 @@ def train(job: JobSpec, cluster: ClusterConfig, sender: Any) -> None:
     import tf_ecrec.pss
     from tf_ecrec.data.saved_shares import SavedShares
     from tf_ecrec.data.synthetic import SyntheticCriteo
-    from tf_ecrec.ec_config import ECConfig
+    from tf_ecrec.erasure.code import ECConfig
 
     # Every PS and worker of TF_CONFIG (this task's cluster) serving first: the strategy connects to all of
     # them at once, and TensorFlow 2.15's coordinator aborts the process when one is not listening yet.
@@ -203,9 +203,9 @@ def _keras_optimizer(name: str, learning_rate: float) -> Any:
 
 def _digest(model: Any) -> dict[str, Any]:
     """The parity check and the digest of the model's variables (parity and replicas left out), by name."""
-    from tf_ecrec.live_cluster import ArrayReader, streamed_digest
+    from tf_ecrec.check.live_cluster import ArrayReader, streamed_digest
+    from tf_ecrec.check.verify import check_parity, redundancy_names
     from tf_ecrec.pss.optimizer import protected_values
-    from tf_ecrec.verify import check_parity, redundancy_names
 
     meta = model.optimizer.describe()
     arrays = protected_values(model)

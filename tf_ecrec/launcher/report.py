@@ -32,7 +32,7 @@ Field names are stable (other tools read them):
     ``rebuild_seconds`` (the chief's decision and rebuild), ``address``
     (where the task came back: its old one, or a new port with
     ``--restart-at new-port``) and ``failovers`` (trainers' rebuilds of
-    TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.failover`),
+    TF_CONFIG, RunConfig, Estimator and session for it, `tf_ecrec.session.failover`),
     ``recovery_phases`` (the chief's seconds per part of its recovery until
     trainers could resume: settlement, allocation, views, ...; the profile
     behind ``seconds_to_resume``).
@@ -61,12 +61,12 @@ Field names are stable (other tools read them):
     checkpoint, settlement, sessions closed).
 ``variables_sha256``
     digest of every variable's bytes read from the PS tasks at the end
-    (`tf_ecrec.live_cluster`).
+    (`tf_ecrec.check.live_cluster`).
 ``parity``
     (``--fault-tolerance ecrec``) ``stripes_checked``, ``rows_checked``,
     ``mismatches`` (and the same for replicas): every stripe's parity
     compared with the code of its data and slots, read from the live PS
-    tasks after training (`tf_ecrec.verify`); mismatches must be 0.
+    tasks after training (`tf_ecrec.check.verify`); mismatches must be 0.
 ``data``
     ``corrupt_records`` skipped, and, without a job master (``--no-master``,
     ``--deterministic``), ``records_trained`` by all workers (re-done work

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tf_ecrec.cluster_source import write_cluster_file
 from tf_ecrec.launcher.console import Console
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import FaultSchedule
@@ -18,6 +17,7 @@ from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch
 from tf_ecrec.launcher.process_table import ProcessTable, TaskProcess
 from tf_ecrec.launcher.run_record import RunRecord
 from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.session.cluster_source import write_cluster_file
 
 
 class RunState:
@@ -26,7 +26,7 @@ class RunState:
     Attributes:
       job, console, table, record, faults: the run's parts.
       tasks: ``table.tasks``, by name.
-      cluster_file: the cluster file trainers follow (`tf_ecrec.cluster_source`).
+      cluster_file: the cluster file trainers follow (`tf_ecrec.session.cluster_source`).
       global_step: the newest global step the status channel showed (it goes
         down after a fault, to the step training resumed from).
       errors: failures that end the run (raised by the supervisor's loop).

@@ -61,7 +61,7 @@ class JobSpec:
       ``restart_at="new-port"`` at a fresh port, which every trainer learns
       (the launcher's cluster file, ``<model_dir>/cluster.json``) and follows
       by rebuilding TF_CONFIG, RunConfig, Estimator and session in process
-      (`tf_ecrec.failover`); ``session_timeout`` bounds a step's session call.
+      (`tf_ecrec.session.failover`); ``session_timeout`` bounds a step's session call.
     - ``spare_ps``: PS processes started with the job and standing by; a
       killed or crashed PS's role goes to a spare at once (its address
       replaces the lost one in the cluster file, as a move does), with no
@@ -207,7 +207,7 @@ class JobSpec:
             "--storage",
         )
         if self.table_storage is Storage.COLLECTION:
-            from tf_ecrec.ec_config import ECConfig
+            from tf_ecrec.erasure.code import ECConfig
 
             ECConfig.parse(self.ec).check_cluster(self.ps)
         elif self.ec != "2+1":

@@ -63,8 +63,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.flash.config import shm_root
 from tf_ecrec.launcher import model_dir
@@ -89,6 +88,7 @@ from tf_ecrec.launcher.spec import JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
 from tf_ecrec.launcher.stream_feed import StreamFeed
 from tf_ecrec.master.server import read_token
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
 
 _LOG = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tf_ecrec.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
-from tf_ecrec.config import ClusterConfig, tf_config_env
+from tf_ecrec.cluster.ps_session import fast_reconnect, own_server
+from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
 from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
 from tf_ecrec.launcher.intervals import final_checkpoint_hooks
@@ -41,7 +41,7 @@ from tf_ecrec.launcher.model_dir import manifest_file
 from tf_ecrec.launcher.models import data_sizes, load_model, model_params
 from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec, Strategy
 from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
-from tf_ecrec.ps_session import fast_reconnect, own_server
+from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 
 _LOG = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def _status_sender(cluster: ClusterConfig) -> StatusSender | None:
 
 def _exit_stuck(cluster: ClusterConfig) -> Any:
     """Reports a RecoveryError the training thread did not stop for, then ends the process as `main` would."""
-    from tf_ecrec.migration import exit_process
+    from tf_ecrec.session.migration import exit_process
 
     def stuck(error: RecoveryError) -> None:
         sender = _status_sender(cluster)
@@ -128,7 +128,7 @@ def _report_recovery(cluster: ClusterConfig) -> Any:
 def cluster_source(cluster: ClusterConfig, master: MasterConnection | None) -> Any:
     """Where a trainer learns the PS addresses: the launcher's cluster file, else the job master, else nowhere.
 
-    With a source, the trainer runs under the failover loop (`tf_ecrec.failover`).
+    With a source, the trainer runs under the failover loop (`tf_ecrec.session.failover`).
     """
     if cluster.task_type == "ps":
         return None
@@ -187,7 +187,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
         model_fn = flash_model_fn(model_fn, job.flash, recovery_listener=recovery,
                                   listeners=master.flash_listeners() if master is not None else ())
     elif job.fault_tolerance is FaultTolerance.ECREC:
-        from tf_ecrec.ec_config import ECConfig
+        from tf_ecrec.erasure.code import ECConfig
         from tf_ecrec.model_fn import ec_model_fn
 
         params["ec"] = True
@@ -246,7 +246,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
                 **job.checkpoint_interval,
             )
         if job.fault_tolerance is FaultTolerance.ECREC:
-            from tf_ecrec.device import ECDeviceFn
+            from tf_ecrec.layout.device import ECDeviceFn
 
             run_config = run_config.replace(device_fn=ECDeviceFn.from_run_config(run_config))
         return tf.estimator.Estimator(model_fn=model_fn, params=params, config=run_config)
@@ -255,7 +255,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     if ps_source is None:
         runner: Any = build(cluster)
     else:
-        from tf_ecrec.failover import FailoverLoop
+        from tf_ecrec.session.failover import FailoverLoop
 
         runner = FailoverLoop(
             cluster, build, ps_source, session_timeout_secs=job.session_timeout, wait_secs=job.ps_wait,
@@ -280,9 +280,9 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
 
 
 def run(job: JobSpec, cluster: ClusterConfig) -> None:
-    from tf_ecrec.failpoints import ENV_TASK  # imports TensorFlow
+    from tf_ecrec.step.failpoints import ENV_TASK  # imports TensorFlow
 
-    os.environ[ENV_TASK] = cluster.task  # read by the failpoint op (tf_ecrec.failpoints)
+    os.environ[ENV_TASK] = cluster.task  # read by the failpoint op (tf_ecrec.step.failpoints)
     if job.deterministic:
         import tensorflow as tf
 
@@ -305,7 +305,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         stand_by(job, os.environ[ENV_SPARE_ADDRESS], cluster.num_ps)
         return
     if cluster.task_type != "ps" and (os.environ.get(ENV_CLUSTER_FILE) or os.environ.get(ENV_MASTER_ADDRESS)):
-        # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.failover).
+        # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.session.failover).
         server = own_server(cluster.address)
     else:
         server = start_server(cluster)
@@ -395,6 +395,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tf_ecrec.process_end import end_process
+    from tf_ecrec.base.process_end import end_process
 
     end_process(main())  # TensorFlow's interpreter teardown would keep a finished task alive for a second

@@ -33,13 +33,13 @@ from typing import Any
 import grpc
 
 from tf_ecrec import errors
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import ConfigError, MasterError, MasterUnavailable
 from tf_ecrec.master.proto import master_pb2 as pb
 from tf_ecrec.master.proto import master_pb2_grpc as pb_grpc
 from tf_ecrec.master.replies import Cluster, ShardLease, ShardReply, data_stats_from_pb
 from tf_ecrec.master.sharding import DataStats, ShardStatus
 from tf_ecrec.master.wire import ERROR_KEY, NAMED_ERRORS, TOKEN_KEY, shard_status_of_pb
-from tf_ecrec.retry import Retry
 
 _TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                     grpc.StatusCode.CANCELLED)

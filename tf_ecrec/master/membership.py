@@ -30,12 +30,12 @@ import logging
 import threading
 from collections.abc import Callable
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import MasterUnavailable, MembershipLost, MembershipTimeout, StaleGenerationError
 from tf_ecrec.master.client import MasterClient
 from tf_ecrec.master.replies import Cluster
 from tf_ecrec.master.state.tasks import TaskStatus
 from tf_ecrec.membership.base import Dispatcher, EventKind, Member, MembershipBackend, WatchCallback
-from tf_ecrec.retry import Retry
 
 _LOG = logging.getLogger(__name__)
 

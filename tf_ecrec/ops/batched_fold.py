@@ -1,6 +1,6 @@
 """The ops of a fold round: folds of many steps' applies taken, folded and committed as one batch.
 
-A protected step in batched mode (`tf_ecrec.batched_commit`) is its applies
+A protected step in batched mode (`tf_ecrec.step.batched_commit`) is its applies
 and its count; a *fold round*, run by the trainer every few steps, takes the
 apply entries that are not folded yet from each data PS's log
 (:func:`delta_log_take`), folds each data variable's batch into each of its

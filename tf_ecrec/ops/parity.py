@@ -1,7 +1,7 @@
 """Folding deltas into parity, and routing one apply's deltas to their parity chunks.
 
 :func:`parity_update` XORs ``coef * delta`` into parity rows (GF(2^16) or
-GF(2^8) products, the fields of :mod:`tf_ecrec.codec`); with ``log=`` it runs
+GF(2^8) products, the fields of :mod:`tf_ecrec.erasure.codec`); with ``log=`` it runs
 ``ParityUpdateLogged``, which also appends the folded words to a delta log
 (:mod:`tf_ecrec.ops.delta_log_ops`). :func:`route_deltas` splits the delta of one
 apply (:mod:`tf_ecrec.ops.apply`) by the parity route each of its rows folds
@@ -46,7 +46,7 @@ def parity_update(
     """Folds deltas into parity: ``parity[rows[i]] ^= coef * delta[i]``.
 
     Products are taken in GF(2^16) (polynomial 0x1100B, pyeclib's
-    ``liberasurecode_rs_vand`` and :mod:`tf_ecrec.codec`) on the two
+    ``liberasurecode_rs_vand`` and :mod:`tf_ecrec.erasure.codec`) on the two
     little-endian 16-bit symbols of each int32 word, or with
     ``field_bits=8`` in GF(2^8) (polynomial 0x11D, ``isa_l_rs_vand``) on its
     four bytes. ``coef=1`` is a plain XOR in either field. The parity

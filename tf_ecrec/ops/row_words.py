@@ -82,7 +82,7 @@ def combine_rows(coefs: tf.Tensor, parts: Sequence[tf.Tensor], bits: int = 16, n
     Args:
         coefs: int32 ``[len(parts)]``.
         parts: int32 matrices.
-        bits: 16 (`tf_ecrec.codec`'s field) or 8.
+        bits: 16 (`tf_ecrec.erasure.codec`'s field) or 8.
         name: Op name.
     """
     return call_op(

@@ -34,9 +34,9 @@ def prepare_process(wait_secs: float = WAIT_SECS) -> float:
       ClusterUnavailable: a task TF_CONFIG names did not answer within `wait_secs`
         (the message names it and its address).
     """
-    from tf_ecrec.config import ClusterConfig
+    from tf_ecrec.cluster.ps_session import fast_reconnect, wait_until_serving
+    from tf_ecrec.cluster.tf_config import ClusterConfig
     from tf_ecrec.ops import load_library
-    from tf_ecrec.ps_session import fast_reconnect, wait_until_serving
 
     fast_reconnect()
     load_library()
@@ -55,8 +55,8 @@ def start_server(resolver: Any = None) -> Any:
     at once).  The task is `resolver`'s (default: ``TFConfigClusterResolver``, from TF_CONFIG)."""
     import tensorflow as tf
 
+    from tf_ecrec.cluster.ps_session import fast_reconnect
     from tf_ecrec.ops import load_library
-    from tf_ecrec.ps_session import fast_reconnect
 
     fast_reconnect()  # before the server makes its first channel
     load_library()
@@ -68,10 +68,10 @@ def start_server(resolver: Any = None) -> Any:
 def check_parity(model: Any) -> dict[str, Any]:
     """Reads every table, slot, parity and replica of `model` (compiled with its protection's optimizer; call it
     when no step is in flight, after `fit`) and checks each parity chunk and replica against the data it encodes
-    (`tf_ecrec.verify.check_parity`): ``mismatches`` and ``replica_mismatches`` are 0 when they are exact."""
+    (`tf_ecrec.check.verify.check_parity`): ``mismatches`` and ``replica_mismatches`` are 0 when they are exact."""
+    from tf_ecrec.check.verify import check_parity as check
     from tf_ecrec.errors import ConfigError
     from tf_ecrec.pss.optimizer import protected_optimizer, protected_values
-    from tf_ecrec.verify import check_parity as check
 
     with model.distribute_strategy.scope():
         protection = current_protection()

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from tf_ecrec.device import variable_name
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.layout.device import variable_name
 
 if TYPE_CHECKING:
     from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult

@@ -1,6 +1,6 @@
 """`FunctionSession`: ``session.run`` over a graph of eager variables, for code written against sessions.
 
-Settlement (`tf_ecrec.steplog.Reconciler`) builds its ops once, with
+Settlement (`tf_ecrec.step.steplog.Reconciler`) builds its ops once, with
 placeholders, and runs them with ``sess.run(fetches, feed_dict)``.  Under
 TF2 there is no session: `FunctionSession` builds such code inside
 ``tf.compat.v1.wrap_function`` (eager variables are captured by handle) and
@@ -30,7 +30,7 @@ class FunctionSession:
 
     batches_settlement = False
     """Settlement undoes entries one per call here: each distinct (fetches, feeds) is a function pruned and
-    traced anew, where a v1 session only registers a graph (`tf_ecrec.steplog.Reconciler._undo_together`)."""
+    traced anew, where a v1 session only registers a graph (`tf_ecrec.step.steplog.Reconciler._undo_together`)."""
 
     def __init__(self, build: Callable[[], T]) -> None:
         box: list[Any] = []
@@ -45,7 +45,7 @@ class FunctionSession:
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None) -> Any:
         """Like ``tf.compat.v1.Session.run``: nested fetches of tensors and ops (ops give None);
-        feeds as `tf_ecrec.steplog.feeds` makes them (pairs: a function graph's tensors are not hashable)."""
+        feeds as `tf_ecrec.step.steplog.feeds` makes them (pairs: a function graph's tensors are not hashable)."""
         feeds = list(feed_dict.items() if isinstance(feed_dict, Mapping) else (feed_dict or ()))
         flat = tf.nest.flatten(fetches)
         tensors = [f for f in flat if isinstance(f, tf.Tensor)]

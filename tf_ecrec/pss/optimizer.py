@@ -2,9 +2,9 @@
 
 Made by `PSSProtection.optimizer(tf.keras.optimizers.Adagrad(0.05))` and
 given to ``model.compile``.  It reads the wrapped optimizer's rule
-(`tf_ecrec.update_rule.UpdateRule.of_keras`) and builds the step of
-`tf_ecrec.optimizer.ECOptimizer` (applies with deltas, folds into parity and
-replicas, the count, the two commit rounds of `tf_ecrec.steplog`) inside
+(`tf_ecrec.step.update_rule.UpdateRule.of_keras`) and builds the step of
+`tf_ecrec.step.optimizer.ECOptimizer` (applies with deltas, folds into parity and
+replicas, the count, the two commit rounds of `tf_ecrec.step.steplog`) inside
 the `tf.function` Keras schedules on a worker: the ops placed on PS devices
 run there, so a step moves deltas PS to PS as in the Estimator path.
 
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tf_ecrec.device import variable_name
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.update_rule import UpdateRule
+from tf_ecrec.layout.device import variable_name
+from tf_ecrec.step.optimizer import ECOptimizer
+from tf_ecrec.step.update_rule import UpdateRule
 
 if TYPE_CHECKING:
     from tf_ecrec.pss.protection import PSSProtection
@@ -100,7 +100,7 @@ class ECOptimizerV2(tf.keras.optimizers.Optimizer):
         raise ConfigError("ECOptimizerV2 applies whole steps (apply_gradients); source: ECOptimizerV2.update_step")
 
     def describe(self) -> dict[str, Any]:
-        """What protects what, by variable name (`tf_ecrec.verify.check_parity` reads it)."""
+        """What protects what, by variable name (`tf_ecrec.check.verify.check_parity` reads it)."""
         return self.protector.describe()
 
     def get_config(self) -> dict[str, Any]:

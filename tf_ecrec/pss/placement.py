@@ -7,10 +7,10 @@ variable created under ``strategy.extended.colocate_vars_with(v)`` goes
 where ``v`` is, unpartitioned (`tests/integration/test_pss_facts.py`).  So
 `PSPlacement` creates one small *anchor* variable per PS, reading each
 anchor's device (never trusting the counter), and places the storage the
-layout (`tf_ecrec.placement`) puts on PS ``p`` under
+layout (`tf_ecrec.layout.placement`) puts on PS ``p`` under
 ``colocate_vars_with(anchor[p])`` and ``tf.device(/job:ps/task:p)``.
 
-The library's code declares that storage with `tf_ecrec.device.on_ps`, as
+The library's code declares that storage with `tf_ecrec.layout.device.on_ps`, as
 it does for the Estimator path; `PSPlacement.active` makes ``on_ps`` enter
 this placement's scope for the task, so the same table, slot, parity and
 replica code serves both paths.  After a PS restarts, `replace_anchor`
@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
-from tf_ecrec import device
-from tf_ecrec.embedding import device_task
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.layout import device
+from tf_ecrec.step.embedding import device_task
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class PSPlacement:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """`tf_ecrec.device.on_ps` places storage with this placement while inside."""
+        """`tf_ecrec.layout.device.on_ps` places storage with this placement while inside."""
         with device.variable_placer(self.scope):
             yield
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.ec_config import ECConfig, default_code
-from tf_ecrec.embedding import EmbeddingCollection
+from tf_ecrec.erasure.code import ECConfig, default_code
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.pss.placement import PSPlacement
+from tf_ecrec.step.embedding import EmbeddingCollection
 
 # The protection of each protected strategy (what a layer built under the strategy's scope joins).
 _PROTECTIONS: weakref.WeakKeyDictionary[Any, PSSProtection] = weakref.WeakKeyDictionary()

@@ -25,12 +25,12 @@ from typing import Any
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import ps_device
+from tf_ecrec.layout.device import ps_device
+from tf_ecrec.layout.stripe_encoding import row_words, split_row_words
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.rebuild.background import BackgroundRebuild
 from tf_ecrec.rebuild.rebuilder import Rebuilder
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
-from tf_ecrec.stripe_encoding import row_words, split_row_words
 
 
 def delta_logs(num_ps: int) -> dict[int, tf.Tensor]:

@@ -9,7 +9,7 @@ back (restarted at its address, or at a new one the cluster resolver names), `PS
 3. raises the step generation above the highest one any surviving log admits (the cluster's, whichever
    recovery object raised it last), so a step still in flight from before is refused, and settles the
    steps the failure cut, on the survivors, with the Estimator path's settlement
-   (`tf_ecrec.steplog.Reconciler`, run through `tf_ecrec.pss.function_session`);
+   (`tf_ecrec.step.steplog.Reconciler`, run through `tf_ecrec.pss.function_session`);
 4. re-creates every variable of the lost PS (a `tf.Variable` whose PS restarted is dead for good) on
    the restarted PS with the layout's placement, and points the model's layers, the tables, the
    optimizer and the protection at the new objects;
@@ -37,17 +37,17 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from tf_ecrec.device import variable_name
-from tf_ecrec.embedding import device_task
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.layout.device import variable_name
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.placement import resolver_of
 from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, delta_logs, sync
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
-from tf_ecrec.step_program import MAX_GENERATION
-from tf_ecrec.steplog import STALE_SECS, Reconciler
+from tf_ecrec.step.embedding import device_task
+from tf_ecrec.step.step_program import MAX_GENERATION
+from tf_ecrec.step.steplog import STALE_SECS, Reconciler
 
 _LOG = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tf_ecrec import steplog
+from tf_ecrec.base.retry import Retry, retry_on
 from tf_ecrec.rebuild.stripes import RebuildStats
-from tf_ecrec.retry import Retry, retry_on
+from tf_ecrec.step import steplog
 
 if TYPE_CHECKING:
     from tf_ecrec.rebuild.rebuilder import Rebuilder

@@ -14,8 +14,8 @@ feeds a few scalars and small coefficient matrices and runs the ops:
   bytes pass through the chief.  The chief walks the chunks' rows slice by
   slice (`slice_bytes` per chunk read), feeding the slice offset, which
   chunks to read (the first ``k`` survivors of each stripe, as
-  `tf_ecrec.codec.decode` reads them) and the decoding coefficients
-  (`tf_ecrec.codec.decoding_coefficients`).  A process holds at most the
+  `tf_ecrec.erasure.codec.decode` reads them) and the decoding coefficients
+  (`tf_ecrec.erasure.codec.decoding_coefficients`).  A process holds at most the
   slices in flight for its own lost chunks beyond its variables.
 * **Lost variables are allocated first**, as zeros of their shape on their
   PS (no initializer runs: the rebuild overwrites every row, padding
@@ -28,7 +28,7 @@ feeds a few scalars and small coefficient matrices and runs the ops:
   replica copied from its primary.
 
 Layout (which chunk of which stripe sits where, at which local rows) comes
-from `tf_ecrec.placement` through each collection's table layout.
+from `tf_ecrec.layout.placement` through each collection's table layout.
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import steplog, unfolded
-from tf_ecrec.device import variable_name
-from tf_ecrec.embedding import EmbeddingCollection, device_task
+from tf_ecrec.base import unfolded
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.optimizer import ECOptimizer
+from tf_ecrec.layout.device import variable_name
+from tf_ecrec.layout.stripe_encoding import row_words, split_row_words
+from tf_ecrec.layout.table_layout import ChunkKind, ChunkSpec
 from tf_ecrec.rebuild.background import WANTED_WAIT_MS, BackgroundRebuild
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
-from tf_ecrec.stripe_encoding import row_words, split_row_words
-from tf_ecrec.table_layout import ChunkKind, ChunkSpec
+from tf_ecrec.step import steplog
+from tf_ecrec.step.embedding import EmbeddingCollection, device_task
+from tf_ecrec.step.optimizer import ECOptimizer
 
 _LOG = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class Rebuilder:
 
     @staticmethod
     def _zeros_into(var: tf.Variable) -> tf.Operation:
-        """Creates `var` on its PS as zeros of its shape, made when the op runs (`tf_ecrec.unfolded`)."""
+        """Creates `var` on its PS as zeros of its shape, made when the op runs (`tf_ecrec.base.unfolded`)."""
         with tf.compat.v1.device(var.device):
             zeros = unfolded.filled(var.shape.as_list(), 0, var.dtype.base_dtype)
             return tf.raw_ops.AssignVariableOp(resource=var.handle, value=zeros, name="alloc")

@@ -2,7 +2,7 @@
 
 Built once, before the graph is finalized, generic in which chunks are lost:
 `CollectionRebuild.feeds` turns "rebuild these chunks from those" into the
-read mask and the decoding coefficients (`tf_ecrec.codec.decoding_coefficients`)
+read mask and the decoding coefficients (`tf_ecrec.erasure.codec.decoding_coefficients`)
 the ops take, and `run` walks the chunks' rows slice by slice.  The
 background variants (decode from the survivors' T0 words, install only rows
 still pending) are what `tf_ecrec.rebuild.background` runs.
@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, steplog
-from tf_ecrec.device import variable_name
-from tf_ecrec.embedding import EmbeddingCollection
-from tf_ecrec.optimizer import ECOptimizer
-from tf_ecrec.table_layout import ChunkSpec
+from tf_ecrec.erasure import codec
+from tf_ecrec.layout.device import variable_name
+from tf_ecrec.layout.table_layout import ChunkSpec
+from tf_ecrec.step import steplog
+from tf_ecrec.step.embedding import EmbeddingCollection
+from tf_ecrec.step.optimizer import ECOptimizer
 
 
 @dataclasses.dataclass
@@ -180,7 +181,7 @@ class CollectionRebuild:
 
     def feeds(self, targets: Sequence[ChunkSpec], present: dict[int, set[int]]) -> Any:
         """The read mask and decoding coefficients that rebuild `targets` from the chunks `present`
-        (a feed dict in a graph, `tf_ecrec.steplog.feeds` pairs under TF2)."""
+        (a feed dict in a graph, `tf_ecrec.step.steplog.feeds` pairs under TF2)."""
         n = self.code.n
         read = np.zeros([self.layout.num_stripes, n], bool)
         coefs = np.zeros([self.layout.num_stripes, n, n], np.int32)

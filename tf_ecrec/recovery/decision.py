@@ -8,7 +8,7 @@ asks `decide` and then carries the `Action` out:
 state found                   `Action`                    what prepare does
 ============================  ==========================  =================================================
 everything initialised        ``SETTLE``                  settle the steps a dead task left in the logs
-                                                          (`tf_ecrec.steplog`); a chief restart keeps the
+                                                          (`tf_ecrec.step.steplog`); a chief restart keeps the
                                                           live state
 nothing initialised, a        ``RESTORE``                 restore the checkpoint, re-encode parity and
 checkpoint                                                replicas
@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
-from tf_ecrec.placement import Layout
+from tf_ecrec.layout.placement import Layout
 
 
 class Action(str, enum.Enum):

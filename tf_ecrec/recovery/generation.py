@@ -3,7 +3,7 @@
 A PS log refuses steps of a generation below the minimum it admits; the chief's recovery raises
 that minimum to the version of the cluster it follows when a PS moved (`tf_ecrec.recovery.plan`),
 so that steps of sessions created before the move can no longer write.  A trainer's own steps
-carry its graph's `tf_ecrec.step_program.StepGeneration`; this hook sets it per session::
+carry its graph's `tf_ecrec.step.step_program.StepGeneration`; this hook sets it per session::
 
     __init__               validate: the graph's StepGeneration and the PS logs
     begin                  one op per PS log that reads the minimum generation it admits
@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.step_program import StepGeneration
+from tf_ecrec.step.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class SessionGenerationHook(tf.compat.v1.train.SessionRunHook):
     """Sets a trainer's step generation from the cluster when a session is created (module doc).
 
     Args:
-      steps: the graph's `StepGeneration` (`tf_ecrec.embedding.ECContext.steps`).
+      steps: the graph's `StepGeneration` (`tf_ecrec.step.embedding.ECContext.steps`).
       logs: the PS task -> delta log handle of the graph's `ECOptimizer`.
 
     Attributes:

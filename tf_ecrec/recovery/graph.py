@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.device import check_placed, on_ps, ps_device
-from tf_ecrec.embedding import device_task
+from tf_ecrec.layout.device import check_placed, on_ps, ps_device
+from tf_ecrec.step.embedding import device_task
 
 INIT_BATCH_BYTES = 256 << 20
 """Bytes of variables initialised per session call at a fresh start: a PS computes initial values for at

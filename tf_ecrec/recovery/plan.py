@@ -39,9 +39,7 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.optimizer import ECOptimizer
 from tf_ecrec.rebuild.background import BackgroundRebuild
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES, Rebuilder
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
@@ -49,7 +47,9 @@ from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
 from tf_ecrec.recovery.graph import checkpoint_step, initialiser_batches, protected_names, replica_tasks, whole_marker
 from tf_ecrec.recovery.restore import fenced_restore
 from tf_ecrec.recovery.result import Listener, Phases, RecoveryMethod, RecoveryResult
-from tf_ecrec.steplog import Reconciler, SettleReport
+from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context, device_task
+from tf_ecrec.step.optimizer import ECOptimizer
+from tf_ecrec.step.steplog import Reconciler, SettleReport
 
 _LOG = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class RecoveryPlan:
         alive = [p for p in self.reconciler_ps() if p not in lost]
         # Older trainers (a PS moved) may no longer write; then settle the steps the
         # failure cut and roll the lost variables' parity back to their committed
-        # prefix (tf_ecrec.steplog) before decoding.
+        # prefix (tf_ecrec.step.steplog) before decoding.
         self._raise_generation(sess, alive)
         report = self.reconciler.settle(sess, alive, lost)
         laps.lap("settle")

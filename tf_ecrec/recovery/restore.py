@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.owed import owe
-from tf_ecrec.steplog import Reconciler
+from tf_ecrec.step.steplog import Reconciler
 
 _LOG = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import enum
 import time
 from collections.abc import Callable
 
-from tf_ecrec.steplog import SettleReport
+from tf_ecrec.step.steplog import SettleReport
 
 
 class RecoveryMethod(str, enum.Enum):

@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.carried_commit import CarriedCommit, carried_commits
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, LongDeadlineSaver, checkpoints_kept
 from tf_ecrec.recovery.kernels import PSKernelsCheck
 from tf_ecrec.recovery.plan import READY_DEADLINE_SECS, READY_RETRY_SECS, RecoveryPlan
 from tf_ecrec.recovery.result import RecoveryMethod, RecoveryResult
-from tf_ecrec.steplog import STALE_SECS
+from tf_ecrec.step.carried_commit import CarriedCommit, carried_commits
+from tf_ecrec.step.steplog import STALE_SECS
 
 _LOG = logging.getLogger(__name__)
 

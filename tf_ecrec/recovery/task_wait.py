@@ -25,8 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.base.retry import Retry, retry_on
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.retry import Retry, retry_on
 
 _LOG = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def session_targets(cluster: Mapping[str, Any], device_filters: Iterable[str], m
 
 def run_config_targets(config: Any) -> tuple[dict[str, str], str]:
     """`session_targets` of a RunConfig's trainer, and its task: a session config carrying a cluster
-    (ClusterSpec propagation, `tf_ecrec.ps_session`) reaches that cluster, else the RunConfig's."""
+    (ClusterSpec propagation, `tf_ecrec.cluster.ps_session`) reaches that cluster, else the RunConfig's."""
     me = f"{config.task_type}:{config.task_id}"
     session = config.session_config
     cluster = config.cluster_spec

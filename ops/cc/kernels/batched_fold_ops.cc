@@ -1,5 +1,5 @@
 // Kernels of the batched-fold ops (ops/cc/ops/batched_fold_ops.cc): a fold
-// round of tf_ecrec.batched_commit takes a data variable's unfolded apply
+// round of tf_ecrec.step.batched_commit takes a data variable's unfolded apply
 // entries, folds them into each fold target in one op per target, marks what
 // every target holds, and commits the counted steps that are folded through.
 

@@ -36,7 +36,7 @@
 // target and `source_seq` the apply entry's seq in the data PS's log) and
 // kCounter (AssignAddLogged).
 //
-// A step commits in two rounds (the protocol is in tf_ecrec/steplog.py).
+// A step commits in two rounds (the protocol is in tf_ecrec/step/steplog.py).
 // Round 1, CommitInOrder, runs on every data PS once all the step's updates
 // are done: it waits until no kApply entry of another step not yet committed
 // by its own round 1 precedes one of the step's on the same target, then marks

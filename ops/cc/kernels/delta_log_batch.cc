@@ -1,4 +1,4 @@
-// The delta log's side of batched folds (tf_ecrec/batched_commit.py): a fold
+// The delta log's side of batched folds (tf_ecrec/step/batched_commit.py): a fold
 // round takes the apply entries not folded yet, folds them on every fold
 // target (EcRec>ParityFoldBatch, which skips what a target holds already, so
 // rounds may overlap or repeat), marks the ones folded everywhere, and

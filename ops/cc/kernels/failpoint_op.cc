@@ -1,5 +1,5 @@
 // EcRec>Failpoint: kills its own process at a named point of a training step
-// (tests of a step cut anywhere; see tf_ecrec/failpoints.py).
+// (tests of a step cut anywhere; see tf_ecrec/step/failpoints.py).
 //
 // It fires when TF_ECREC_FAILPOINT holds an entry "<point>@<task>@step=<n>"
 // (entries comma-separated) whose <point> is the `point` attr, whose <task> is

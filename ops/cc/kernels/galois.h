@@ -1,10 +1,10 @@
 // Binary-field arithmetic for parity updates.
 //
 // Two fields, each the one of a pyeclib backend, so that parity written by
-// the ops can be checked and decoded with pyeclib and with tf_ecrec.codec:
+// the ops can be checked and decoded with pyeclib and with tf_ecrec.erasure.codec:
 //
 //   GF(2^16), polynomial x^16 + x^12 + x^3 + x + 1 (0x1100B), generator 2:
-//     liberasurecode_rs_vand (the code of tf_ecrec.codec);
+//     liberasurecode_rs_vand (the code of tf_ecrec.erasure.codec);
 //   GF(2^8), polynomial x^8 + x^4 + x^3 + x^2 + 1 (0x11D), generator 2:
 //     isa_l_rs_vand / isa_l_rs_cauchy.
 //

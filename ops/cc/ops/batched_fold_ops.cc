@@ -1,6 +1,6 @@
 // Op registrations of batched folds (the kernels: ops/cc/kernels/
 // batched_fold_ops.cc; the protocol: docs/settlement.md, "Folds batched over
-// steps"; the graph: tf_ecrec/batched_commit.py).
+// steps"; the graph: tf_ecrec/step/batched_commit.py).
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"

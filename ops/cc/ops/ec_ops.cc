@@ -247,7 +247,7 @@ The product is taken symbol by symbol in a binary field, over the
 little-endian bytes of the int32 words:
 
   field_bits=16: GF(2^16) with polynomial 0x1100B on 16-bit symbols (two per
-    word), the field of pyeclib's liberasurecode_rs_vand and tf_ecrec.codec;
+    word), the field of pyeclib's liberasurecode_rs_vand and tf_ecrec.erasure.codec;
   field_bits=8: GF(2^8) with polynomial 0x11D on bytes, the field of
     pyeclib's isa_l_rs_vand.
 

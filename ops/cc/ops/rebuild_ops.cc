@@ -63,7 +63,7 @@ REGISTER_OP("EcRec>CombineRows")
 XOR of parts[j] scaled by coefs[j] in GF(2^bits), symbol by symbol.
 
 A 32-bit word holds two 16-bit symbols (or four 8-bit ones) as in
-tf_ecrec.codec, so the result is the codec's linear combination of chunks:
+tf_ecrec.erasure.codec, so the result is the codec's linear combination of chunks:
 with the decoding coefficients of a stripe's survivors it is a lost chunk's
 rows, with the encoding ones a parity's. Parts whose coefficient is 0 are
 ignored whatever their shape (a part that was not read is [0, 0]); the

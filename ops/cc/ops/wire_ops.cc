@@ -1,5 +1,5 @@
 // Op registrations of EcRec>Pack and EcRec>Unpack (the kernels:
-// ops/cc/kernels/wire_ops.cc; why: tf_ecrec/wire.py).
+// ops/cc/kernels/wire_ops.cc; why: tf_ecrec/step/wire.py).
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"

@@ -25,7 +25,7 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tf_ecrec.config import TASK_TYPES
+from tf_ecrec.cluster.tf_config import TASK_TYPES
 from tf_ecrec.errors import InvalidRequestError, MembershipLost, NotFoundError, StaleGenerationError
 
 _SUPERSEDED_KEPT = 8

@@ -2,7 +2,7 @@
 
 With ``commit="carried"`` (the default under `tf_ecrec.ec_model_fn`), a step's
 ``session.run`` ends after its applies, folds and count; the two commit rounds
-of that step (`tf_ecrec.steplog`: round 1 on its data PS, then round 2 on every
+of that step (`tf_ecrec.step.steplog`: round 1 on its data PS, then round 2 on every
 PS) run inside the trainer's *next* ``session.run``, beside that step's own
 applies, so they leave the critical path. A step is *returned* when its run
 ended OK and *durable* when its commit ran OK (docs/settlement.md, "Durable
@@ -35,8 +35,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_ecrec.base.graph_registry import GraphRegistry
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.graph_registry import GraphRegistry
 
 _LOG = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def commit_mode_from_environ() -> str | None:
 
 def carried_commits(graph: tf.Graph | None = None) -> list[CarriedCommit]:
     """The deferred commits of `graph` (the default graph): one per ECOptimizer in carried or batched mode
-    (`tf_ecrec.batched_commit.BatchedCommit` has the same interface)."""
+    (`tf_ecrec.step.batched_commit.BatchedCommit` has the same interface)."""
     return _REGISTRY.items(graph)
 
 
@@ -222,7 +222,7 @@ only once the last is acknowledged)."""
 
 class CarriedCommitHook(tf.compat.v1.train.SessionRunHook):
     """Drives the deferred commits of the graph in a MonitoredSession (every trainer, chief or not): the
-    `CarriedCommit`s, or the `tf_ecrec.batched_commit.BatchedCommit`s, which have the same interface.
+    `CarriedCommit`s, or the `tf_ecrec.step.batched_commit.BatchedCommit`s, which have the same interface.
 
     ``before_run`` adds the step id (and the carried commit) to the run; ``after_run`` moves on (a
     batched commit runs its fold round there when one is due); ``after_create_session`` gives up the

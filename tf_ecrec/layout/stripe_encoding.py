@@ -4,9 +4,9 @@ Parity and replicas protect a variable *together with its optimizer slots*:
 row ``i`` of what they cover is row ``i`` of the variable followed by row
 ``i`` of each slot, as int32 words (`row_words` in the graph, `np_row_words`
 in NumPy; `split_row_words` turns such words back into the variables'
-values).  A parity chunk is the code (`tf_ecrec.codec`) of its stripe's data
+values).  A parity chunk is the code (`tf_ecrec.erasure.codec`) of its stripe's data
 chunks' words, and `encode_parity_chunk` builds it in the graph from the
-data PS's words at the rows the layout (`tf_ecrec.table_layout`) names.
+data PS's words at the rows the layout (`tf_ecrec.layout.table_layout`) names.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import gf16
-from tf_ecrec.codec import Code
-from tf_ecrec.table_layout import ChunkSpec, TableLayout
+from tf_ecrec.erasure import gf16
+from tf_ecrec.erasure.codec import Code
+from tf_ecrec.layout.table_layout import ChunkSpec, TableLayout
 
 
 def row_words(values: Sequence[tf.Tensor], rows: int) -> tf.Tensor:
@@ -51,7 +51,7 @@ def split_row_words(words: tf.Tensor, variables: Sequence[tf.Variable]) -> list[
 
 
 def gf_mul_words(coef: int, words: tf.Tensor) -> tf.Tensor:
-    """``coef`` times each 16-bit little-endian symbol of int32 ``words``, in GF(2^16) (`tf_ecrec.gf16`)."""
+    """``coef`` times each 16-bit little-endian symbol of int32 ``words``, in GF(2^16) (`tf_ecrec.erasure.gf16`)."""
     if coef == 1:
         return words
     t = gf16.mul_tables(coef).astype(np.int64)

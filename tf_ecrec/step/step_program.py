@@ -2,7 +2,7 @@
 
 A step is: the applies (one per updated variable, each with its bitwise
 delta), the folds of each delta into parity or replicas, the count (the
-global step and its replicas), and the two commit rounds (`tf_ecrec.steplog`).
+global step and its replicas), and the two commit rounds (`tf_ecrec.step.steplog`).
 Every op of a later phase reads a *gate* (`gate`): a tensor on its own PS
 that carries the op's predecessors as control dependencies, so feeding the
 gate runs the op alone; the fault-schedule harness drives steps that way.
@@ -29,7 +29,7 @@ MAX_GENERATION = (1 << 14) - 1
 class StepGeneration:
     """The generation a trainer's steps carry, kept per graph: its session's, not the graph's build.
 
-    A trainer builds its graph once and may follow a moved PS in place (`tf_ecrec.failover`):
+    A trainer builds its graph once and may follow a moved PS in place (`tf_ecrec.session.failover`):
     its sessions created after the move reach the new cluster, and their steps must carry the
     new cluster's version, which the PS admit after the chief's recovery raised them to it.
     Two values, both only raised:
@@ -112,7 +112,7 @@ def new_step_id(generation: int | StepGeneration = 0, in_graph: bool = False) ->
 
 
 if TYPE_CHECKING:
-    from tf_ecrec.embedding import EmbeddingCollection
+    from tf_ecrec.step.embedding import EmbeddingCollection
 
 
 class TargetKind(str, enum.Enum):

@@ -23,10 +23,10 @@ place went to WAIT and BUILD when its training ended).  A change the hook could 
 (`_changed_to`) is never withdrawn.
 
 After ``Estimator.train`` returns, a non-None ``migration`` says the hook
-stopped the session: the failover loop (`tf_ecrec.failover`) then rebuilds
+stopped the session: the failover loop (`tf_ecrec.session.failover`) then rebuilds
 TF_CONFIG, the Estimator and the session for the new cluster.
 
-`ClusterSourceMigrationHook` polls a `tf_ecrec.cluster_source.ClusterSource`
+`ClusterSourceMigrationHook` polls a `tf_ecrec.session.cluster_source.ClusterSource`
 for the PS addresses and is the one the failover loop runs.  The hooks that
 poll the job master's ``ps_version`` or watch a membership backend are in
 ``tf_ecrec.hooks.ps_migration``.
@@ -43,12 +43,12 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from tf_ecrec.cluster_source import ClusterSource, read_view
-from tf_ecrec.embedding import current_context
+from tf_ecrec.base.process_end import end_process
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.master.rate_limited_log import RateLimitedLogger
-from tf_ecrec.process_end import end_process
-from tf_ecrec.step_program import StepGeneration
+from tf_ecrec.session.cluster_source import ClusterSource, read_view
+from tf_ecrec.step.embedding import current_context
+from tf_ecrec.step.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class ClusterSourceMigrationHook(PollingMigrationHook):
         re-creates a session that fails for a PS that is down for ever, inside ``Estimator.train``;
         giving up interrupts the training thread (the main one: the hook gives up only when it was
         begun there) and leaves ``gave_up``, a `RecoveryError` naming the PS, for the caller to raise
-        (`tf_ecrec.failover.FailoverLoop` does, and then calls `acknowledge`).  The first poll that
+        (`tf_ecrec.session.failover.FailoverLoop` does, and then calls `acknowledge`).  The first poll that
         finds a PS gone says which, and for how long the hook waits.
       stuck_exit_secs: how long the hook keeps interrupting the training thread after giving up
         before it ends the process.  An interrupt that lands inside TensorFlow's native code can be

@@ -27,9 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
-from tf_ecrec import stale_steps as plans
-from tf_ecrec.stale_steps import STALE_SECS, SettleReport, StaleSteps, session_waves  # noqa: F401 (STALE_SECS re-exported)
-from tf_ecrec.step_program import Target, TargetKind
+from tf_ecrec.step import stale_steps as plans
+from tf_ecrec.step.stale_steps import STALE_SECS, SettleReport, StaleSteps, session_waves  # noqa: F401 (STALE_SECS re-exported)
+from tf_ecrec.step.step_program import Target, TargetKind
 
 _LOG = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 the pure parts of settlement's calls: which entries go together in a session call, which steps can be undone at once.
 
 A live trainer's step commits within milliseconds of its writes (or, with the commit carried by its
-next run, `tf_ecrec.carried_commit`, within one step); a step pending longer than `STALE_SECS` whose
+next run, `tf_ecrec.step.carried_commit`, within one step); a step pending longer than `STALE_SECS` whose
 round-1 commit is not waiting behind an earlier step is a dead task's. `settle_stale` settles those
 (the chief's background settler), `settle_left_behind` those pending when a trainer ends.
 """

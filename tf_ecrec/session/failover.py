@@ -8,16 +8,16 @@ Estimator and session.  This module does that in-process.
 How a trainer (chief or worker) runs under it:
 
 - its TensorFlow server boots as a one-task job of its own
-  (`tf_ecrec.ps_session.start_server`), and every session carries the
+  (`tf_ecrec.cluster.ps_session.start_server`), and every session carries the
   cluster (the PS tasks and this task) in its ``ConfigProto.cluster_def``
   (ClusterSpec propagation), with state shared between sessions, so a
   session built for a new cluster reaches the moved PS while the surviving
-  PS keep their variables (`tf_ecrec.ps_session.session_config`);
+  PS keep their variables (`tf_ecrec.cluster.ps_session.session_config`);
 - sessions have an operation timeout: a session re-created for the old
   cluster waits for the dead address forever inside TensorFlow (its device
   scan has no deadline), and the timeout turns that wait into
   ``DeadlineExceededError``, which leaves ``Estimator.train``;
-- a `tf_ecrec.cluster_source.ClusterSource` (the job master, or a file a
+- a `tf_ecrec.session.cluster_source.ClusterSource` (the job master, or a file a
   launcher keeps current) says where the PS tasks are now.
 
 The loop, `FailoverLoop.train`, is a state machine with bounded waits
@@ -52,10 +52,10 @@ fail, after the operation timeout (measured: 20 s from the kill, one
 timeout for the close and one for the creation, before this loop could
 rebuild).  So the loop makes the creation reach the new cluster instead:
 
-- ``GRPC_FAIL_FAST=true`` (`tf_ecrec.ps_session.fast_reconnect`): TensorFlow's device scan of a
+- ``GRPC_FAIL_FAST=true`` (`tf_ecrec.cluster.ps_session.fast_reconnect`): TensorFlow's device scan of a
   session being created fails at once on a task that is down, instead of
   waiting for it until the timeout; MonitoredSession retries the creation;
-- the migration hook's poller (`tf_ecrec.migration`), on seeing every PS alive at the source's new
+- the migration hook's poller (`tf_ecrec.session.migration`), on seeing every PS alive at the source's new
   addresses, writes them into the ConfigProto the Estimator hands to every
   session it creates (``Estimator._session_config``: read, never replaced;
   tf.estimator 2.15 is its last release), so the next retry reaches the
@@ -99,13 +99,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_ecrec.cluster_source import ClusterSource, read_view
-from tf_ecrec.config import ClusterConfig, tf_config_env
+from tf_ecrec.cluster.ps_session import live_session_config, session_cluster, session_config
+from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, EcRecError, RecoveryError
 from tf_ecrec.master.rate_limited_log import RepeatFilter
-from tf_ecrec.migration import ClusterSourceMigrationHook
-from tf_ecrec.ps_session import live_session_config, session_cluster, session_config
-from tf_ecrec.step_program import StepGeneration
+from tf_ecrec.session.cluster_source import ClusterSource, read_view
+from tf_ecrec.session.migration import ClusterSourceMigrationHook
+from tf_ecrec.step.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class FailoverLoop:
       session_timeout_secs: operation timeout of the sessions.
       wait_secs: how long a PS may stay gone: WAIT waits that long for every PS task to be alive,
         and TRAIN gives up after that long with a PS listed as not alive at the source and no step
-        completed (`tf_ecrec.migration.ClusterSourceMigrationHook`'s ``give_up_secs``: TensorFlow
+        completed (`tf_ecrec.session.migration.ClusterSourceMigrationHook`'s ``give_up_secs``: TensorFlow
         re-creates failed sessions inside ``Estimator.train`` for ever); both raise RecoveryError.
       max_failovers: WAITs allowed in a row without a completed step
         between them (a job that keeps training may fail over any number

@@ -41,8 +41,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.embedding import EmbeddingCollection
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.step.embedding import EmbeddingCollection
 
 
 class EmbeddingTable:

@@ -7,7 +7,7 @@ It decides where every op of the training graph runs:
 1. Storage of the protection, declared by tf_ecrec with `on_ps` while it
    builds it (data chunks of a table, parity chunks, optimizer slots, dense
    replicas, global-step replicas, delta logs), goes to the PS task the
-   layout (`tf_ecrec.placement`) names, whatever device scope the user's
+   layout (`tf_ecrec.layout.placement`) names, whatever device scope the user's
    code has around it: rebuilding a lost PS decodes exactly what the layout
    says it held, so the layout cannot be overridden.
 2. An op the code pins to a job with `tf.device` keeps that device (ops
@@ -173,7 +173,7 @@ class ECDeviceFn:
 
     def __init__(self, num_ps: int | None = None, worker_device: str | None = None) -> None:
         if num_ps is None or worker_device is None:
-            from tf_ecrec.config import ClusterConfig
+            from tf_ecrec.cluster.tf_config import ClusterConfig
 
             cluster = ClusterConfig.from_environment() if os.environ.get("TF_CONFIG") else None
             if num_ps is None:

@@ -13,7 +13,7 @@ serve every step it folds, from any trainer.  docs/settlement.md ("Folds
 batched over steps") has the protocol and why it keeps the invariants.
 
 A step is *returned* when its run ended OK and *durable* once committed; the
-contract is the carried commit's (`tf_ecrec.carried_commit`):
+contract is the carried commit's (`tf_ecrec.step.carried_commit`):
 
 - records are acknowledged only for durable steps (`BatchedCommit.resolved`,
   read by `hooks.shard_progress.ShardProgressHook`);
@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import failpoints
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.fold_round import FoldRound, build_fold_round
-from tf_ecrec.step_program import GENERATION_SHIFT, StepGeneration, barrier
+from tf_ecrec.step import failpoints
+from tf_ecrec.step.fold_round import FoldRound, build_fold_round
+from tf_ecrec.step.step_program import GENERATION_SHIFT, StepGeneration, barrier
 
 if TYPE_CHECKING:
-    from tf_ecrec.optimizer import ECOptimizer
-    from tf_ecrec.step_program import AppliedUpdate
+    from tf_ecrec.step.optimizer import ECOptimizer
+    from tf_ecrec.step.step_program import AppliedUpdate
 
 _LOG = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class BatchedCommit:
         self.rounds = 0
 
     def register(self, graph: tf.Graph | None = None) -> BatchedCommit:
-        from tf_ecrec.carried_commit import register  # pylint: disable=import-outside-toplevel
+        from tf_ecrec.step.carried_commit import register  # pylint: disable=import-outside-toplevel
 
         register(self, graph)
         return self

@@ -1,7 +1,7 @@
 """Where the PS tasks of a job are now: the job master's view, or a cluster file a launcher keeps current.
 
-A trainer under the failover loop (`tf_ecrec.failover`) and the PS
-migration hooks (`tf_ecrec.migration`) read a `ClusterSource`; a launcher
+A trainer under the failover loop (`tf_ecrec.session.failover`) and the PS
+migration hooks (`tf_ecrec.session.migration`) read a `ClusterSource`; a launcher
 writes the file with `write_cluster_file` (atomic replace).
 """
 
@@ -13,14 +13,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from tf_ecrec.base.retry import Retry
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.retry import Retry
 
 ENV_CLUSTER_FILE = "TF_ECREC_CLUSTER_FILE"
 """Set by the launcher for every task: the path of the cluster file (`FileClusterSource`)."""
 VERSION_KEY = "version"
 """The cluster file's optional key beside the jobs: the cluster version (TF_CONFIG's), raised at every
-move.  Trainers take their step generation from it (`tf_ecrec.step_program.StepGeneration`)."""
+move.  Trainers take their step generation from it (`tf_ecrec.step.step_program.StepGeneration`)."""
 
 
 class ClusterSource(Protocol):
@@ -86,7 +86,7 @@ class FileClusterSource:
     """
 
     poll_secs = 0.02
-    """How often a trainer reads this source (`tf_ecrec.failover.FailoverLoop`): a read of an unchanged
+    """How often a trainer reads this source (`tf_ecrec.session.failover.FailoverLoop`): a read of an unchanged
     file is one ``stat`` (the view is kept by the file's inode, size and modification time, and the
     writer's atomic replace gives every version a new inode), so a move is seen tens of ms after it."""
 

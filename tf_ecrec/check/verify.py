@@ -1,7 +1,7 @@
 """Check, from the live PS tasks, that every parity and replica equals the code of what it protects.
 
 This is invariant 1 made observable: read data, slots, parity and replicas
-(`tf_ecrec.live_cluster`), re-encode every stripe with `tf_ecrec.codec`, compare
+(`tf_ecrec.check.live_cluster`), re-encode every stripe with `tf_ecrec.erasure.codec`, compare
 bit for bit.  Run it when no step is in flight (after training, or with the
 job paused): a step in flight has applied its data update and not yet its
 parity update, which is not a mismatch but looks like one.
@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec import codec, live_cluster, placement
-from tf_ecrec.live_cluster import ArrayReader
-from tf_ecrec.stripe_encoding import np_row_words
+from tf_ecrec.check import live_cluster
+from tf_ecrec.check.live_cluster import ArrayReader
+from tf_ecrec.erasure import codec
+from tf_ecrec.layout import placement
+from tf_ecrec.layout.stripe_encoding import np_row_words
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,9 +36,9 @@ def check_parity(ec_meta: Mapping[str, Any], source: Any, budget: int | None = N
 
     Args:
       ec_meta: the protection's description (`ECOptimizer.describe`, the manifest's ``"ec"``).
-      source: the variables: a mapping of name to array, or a `tf_ecrec.live_cluster.PsReader`
+      source: the variables: a mapping of name to array, or a `tf_ecrec.check.live_cluster.PsReader`
         on the live PS tasks.
-      budget: bytes read per call (default `tf_ecrec.live_cluster.READ_BYTES`): stripes are
+      budget: bytes read per call (default `tf_ecrec.check.live_cluster.READ_BYTES`): stripes are
         checked a bounded group of rows at a time, so a model of many GB is verified in
         a few hundred MB.
 

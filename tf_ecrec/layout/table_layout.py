@@ -1,6 +1,6 @@
-"""One table's chunks and stripes, and the lookups on them: what `tf_ecrec.placement.plan` returns per table.
+"""One table's chunks and stripes, and the lookups on them: what `tf_ecrec.layout.placement.plan` returns per table.
 
-A `TableLayout` is computed once (by `tf_ecrec.placement.plan` or read from
+A `TableLayout` is computed once (by `tf_ecrec.layout.placement.plan` or read from
 JSON) and every other module asks it: where a row lives (`locate_many`),
 which chunks a PS holds and at which local rows (`chunks_on`,
 `local_rows`), where the deltas of a PS's data fold (`fold_routes`) and which
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tf_ecrec.codec import Code
+from tf_ecrec.erasure.codec import Code
 from tf_ecrec.errors import ConfigError
 
 

@@ -18,7 +18,7 @@ parity chunks.  Parity ``p`` (``0 <= p < r``) is::
     parity[p] = XOR over j of  matrix[p, j] * data[j]      (products in GF(2^16))
 
 The coefficient matrix is the one of pyeclib's ``liberasurecode_rs_vand``
-backend (GF(2^16), see `tf_ecrec.gf16`), so pyeclib can check us: unit
+backend (GF(2^16), see `tf_ecrec.erasure.gf16`), so pyeclib can check us: unit
 vectors encoded with k=4, r=2 give the parity symbols
 ``[[1, 1, 1, 1], [0x5003, 0xCC06, 0x6B6F, 0x7802]]``.  :func:`parity_matrix`
 builds it in closed form: ``V[i, j] = i^j`` (``(k + r) x k`` Vandermonde,
@@ -28,14 +28,14 @@ the first parity is the plain XOR of the data and ``Code(k, 1)`` *is* the
 XOR code.
 
 A chunk is any NumPy array (rows of a table or slot); the code sees its bytes
-as 16-bit little-endian symbols (`tf_ecrec.gf16.words`), so a chunk holds an
+as 16-bit little-endian symbols (`tf_ecrec.erasure.gf16.words`), so a chunk holds an
 even number of bytes and row ``i`` of a parity depends only on row ``i`` of
 each data chunk.  Parity chunks have the data's shape and dtype.
 
 Which "config" is which: `tf_ecrec.ECConfig` is the user's choice of ``(k,
 r)`` for a job (a value in the model_fn and on the command line); `Code` is
 the code's coefficient matrix object built from it (what encodes and
-decodes); `tf_ecrec.config.ClusterConfig` is the cluster (TF_CONFIG), not a
+decodes); `tf_ecrec.cluster.tf_config.ClusterConfig` is the cluster (TF_CONFIG), not a
 code at all.
 
 Worked example (k=2, r=2, two symbols per chunk)::
@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tf_ecrec import gf16
+from tf_ecrec.erasure import gf16
 from tf_ecrec.errors import CodecError, ConfigError, ReconstructionError
 
 logger = logging.getLogger(__name__)

@@ -28,11 +28,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec.device import variable_name
-from tf_ecrec.embedding import current_context
+from tf_ecrec.base.graph_registry import GraphRegistry
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.graph_registry import GraphRegistry
-from tf_ecrec.update_rule import UpdateRule
+from tf_ecrec.layout.device import variable_name
+from tf_ecrec.step.embedding import current_context
+from tf_ecrec.step.update_rule import UpdateRule
 
 # Per graph, the ECOptimizers with parts whose updates are recorded and not yet built.
 _PENDING: GraphRegistry[Any] = GraphRegistry()

@@ -5,7 +5,7 @@ A trainer's TensorFlow server boots as a one-task job of its own
 trainer in its ``ConfigProto.cluster_def`` (`session_config`), with state
 shared between sessions and an operation timeout.  A session built for a
 new cluster then reaches a moved PS while the surviving PS keep their
-variables (`tf_ecrec.failover`); `tf_ecrec.live_cluster` reads the PS tasks the
+variables (`tf_ecrec.session.failover`); `tf_ecrec.check.live_cluster` reads the PS tasks the
 same way.  `fast_reconnect` sets the gRPC options every task of a job
 should run with.
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tf_ecrec.config import ClusterConfig
+from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ClusterUnavailable, ConfigError
 
 _LOG = logging.getLogger(__name__)

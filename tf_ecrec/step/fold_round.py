@@ -1,6 +1,6 @@
 """A fold round's graph: the apply entries of many steps taken, folded into every target and committed.
 
-Built once per protected step program (`tf_ecrec.batched_commit.batched_step`) and run by the trainer
+Built once per protected step program (`tf_ecrec.step.batched_commit.batched_step`) and run by the trainer
 (`BatchedCommit.fold`) every few steps, or one op at a time by the fault-schedule harness; the protocol
 is in docs/settlement.md, "Folds batched over steps".
 """
@@ -15,13 +15,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
-from tf_ecrec import wire
-from tf_ecrec.device import ps_device, variable_name
-from tf_ecrec.step_program import ParityFolds, ReplicaFolds, StepGeneration, TargetKind, new_step_id
+from tf_ecrec.layout.device import ps_device, variable_name
+from tf_ecrec.step import wire
+from tf_ecrec.step.step_program import ParityFolds, ReplicaFolds, StepGeneration, TargetKind, new_step_id
 
 if TYPE_CHECKING:
-    from tf_ecrec.optimizer import ECOptimizer
-    from tf_ecrec.step_program import AppliedUpdate
+    from tf_ecrec.step.optimizer import ECOptimizer
+    from tf_ecrec.step.step_program import AppliedUpdate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class FoldRound:
     that admits only later generations refuses a round of a trainer that has not followed the cluster
     (Aborted).
 
-    What crosses tasks is packed (`tf_ecrec.wire`): the inputs of every fold from one data PS into one
+    What crosses tasks is packed (`tf_ecrec.step.wire`): the inputs of every fold from one data PS into one
     target PS (every variable's, every route's) go as one transfer and their answers come back as one, so
     a round's fold transfers are two per pair of PS, not two per (variable, fold target); and the counted
     and ready lists are intersected on the global step's PS and sent once to each PS from there, instead

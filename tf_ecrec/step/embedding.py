@@ -2,15 +2,15 @@
 
 An `EmbeddingCollection` holds one or more tables of the same width.  The
 tables are concatenated into one logical table (table ``t`` starts at row
-``base[t]``), which `tf_ecrec.placement.plan` cuts into chunks and stripes
+``base[t]``), which `tf_ecrec.layout.placement.plan` cuts into chunks and stripes
 over the ``N`` PS tasks.  Each PS ``p`` gets one variable,
 ``ec/<collection>/ps<p>/data``, holding its data chunks one after another
 (local chunk ``i`` at rows ``[i*c, (i+1)*c)``), put on PS ``p`` by the
-job's device function (`tf_ecrec.device`).
+job's device function (`tf_ecrec.layout.device`).
 Padding rows are zero and never looked up.
 
 The optimizer state of these variables and their parity are created by
-`tf_ecrec.optimizer.ECOptimizer` when it first applies gradients: only then
+`tf_ecrec.step.optimizer.ECOptimizer` when it first applies gradients: only then
 is the optimizer, hence the slot count and the parity row width, known.
 
 A lookup routes ids to their PS with two small constant tables (PS and local
@@ -29,14 +29,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import codec, placement, unfolded
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.device import check_placed, on_ps, storage_device, storage_is_local, variable_name
-from tf_ecrec.ec_config import ECConfig
+from tf_ecrec.base import unfolded
+from tf_ecrec.base.graph_registry import GraphRegistry
+from tf_ecrec.erasure import codec
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.graph_registry import GraphRegistry
-from tf_ecrec.step_program import StepGeneration
-from tf_ecrec.table_layout import ChunkKind, ChunkSpec, TableSpec
+from tf_ecrec.layout import placement
+from tf_ecrec.layout.device import check_placed, on_ps, storage_device, storage_is_local, variable_name
+from tf_ecrec.layout.table_layout import ChunkKind, ChunkSpec, TableSpec
+from tf_ecrec.step.step_program import StepGeneration
 
 _LOG = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class ECContext:
     ``version`` is the cluster version (TF_CONFIG ``version``) the graph is
     built for: the start of `steps`, the `StepGeneration` whose value goes
     into the top bits of every step id (a PS whose log was raised to a later
-    generation refuses older steps, `tf_ecrec.steplog`) and whose target
+    generation refuses older steps, `tf_ecrec.step.steplog`) and whose target
     follows the cluster when the trainer follows a moved PS in place.
     """
 
@@ -57,7 +59,7 @@ class ECContext:
     version: dataclasses.InitVar[int] = 0
     steps: StepGeneration = dataclasses.field(init=False, compare=False)
     # How its ECOptimizers commit a step unless told otherwise: "in_step", "carried" or "batched" (the
-    # graph's runs are then driven by a `tf_ecrec.carried_commit.CarriedCommitHook`, which `ec_model_fn` adds).
+    # graph's runs are then driven by a `tf_ecrec.step.carried_commit.CarriedCommitHook`, which `ec_model_fn` adds).
     commit: str = "in_step"
 
     def __post_init__(self, version: int) -> None:
@@ -112,7 +114,7 @@ class EmbeddingCollection:
         layout and lookups of ``ec``) with no protection: no parity, no
         wait for rows being rebuilt, trained by a stock optimizer; the
         like-for-like baseline of a protected collection.  Build it under
-        `tf_ecrec.device.layout_placement` (or an `ECDeviceFn`).
+        `tf_ecrec.layout.device.layout_placement` (or an `ECDeviceFn`).
 
     Raises:
       ConfigError: no code or PS count known, a code the PS count cannot

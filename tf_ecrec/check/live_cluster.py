@@ -14,7 +14,7 @@ The digest (`variables_digest`) is a SHA-256 over every model variable in
 name order: name, dtype, shape and raw bytes.  Two runs that end with the
 same bytes in every variable (slots and global step included) have the same
 digest.  Parity and replica variables are redundancy, not model state: the
-digest leaves them out, and `tf_ecrec.verify` checks them instead.
+digest leaves them out, and `tf_ecrec.check.verify` checks them instead.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tf_ecrec.cluster.ps_session import own_server, propagated_config
 from tf_ecrec.errors import ConfigError, RecoveryError
-from tf_ecrec.ps_session import own_server, propagated_config
 
 _LOG = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def read_variables(
 
     The whole model ends up in this process: for a large model, use a `PsReader`
     and read what is needed in bounded slices (`streamed_digest`,
-    `tf_ecrec.verify.check_parity` do).
+    `tf_ecrec.check.verify.check_parity` do).
 
     Raises:
       RecoveryError: a PS cannot be reached or a variable is missing or
@@ -299,7 +299,7 @@ def streamed_digest(reader: Any, names: Iterable[str]) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_ecrec.live_cluster MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON.
+    """``python -m tf_ecrec.check.live_cluster MANIFEST PS_ADDR[,PS_ADDR...]``: print the digest as JSON.
 
     With ``-`` for the addresses, the process first loads what reading needs
     (TensorFlow, the ops, the parity checker), then waits for one line on
@@ -317,11 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ps == "-":
         import tensorflow  # noqa: F401  (loaded before the wait: that is what waiting ahead saves)
 
-        import tf_ecrec.verify  # noqa: F401
+        import tf_ecrec.check.verify  # noqa: F401
 
         line = sys.stdin.readline().strip()
         if not line:
-            print("tf_ecrec.live_cluster: stdin closed before any PS address came; nothing read", file=sys.stderr)
+            print("tf_ecrec.check.live_cluster: stdin closed before any PS address came; nothing read", file=sys.stderr)
             return 3
         args.ps = line
     manifest = read_manifest(args.manifest)
@@ -329,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [r["name"] for r in manifest["variables"]]
     with PsReader(manifest["variables"], args.ps.split(","), args.timeout) as reader:
         if "ec" in manifest:
-            from tf_ecrec.verify import check_parity, redundancy_names
+            from tf_ecrec.check.verify import check_parity, redundancy_names
 
             out["parity"] = check_parity(manifest["ec"], reader)
             redundant = redundancy_names(manifest["ec"])

@@ -1,8 +1,8 @@
 """Where every chunk of every erasure-coded table lives: a pure layout planner (one table's chunks and
-stripes, and the lookups on them, are `tf_ecrec.table_layout`).
+stripes, and the lookups on them, are `tf_ecrec.layout.table_layout`).
 
 :func:`plan` takes the number of parameter-server (PS) tasks ``N``, a code of
-``k`` data and ``r`` parity chunks per stripe (see :mod:`tf_ecrec.codec`) and
+``k`` data and ``r`` parity chunks per stripe (see :mod:`tf_ecrec.erasure.codec`) and
 the tables to protect, and returns a :class:`Layout`.  Nothing here touches
 TensorFlow; the graph builder turns each data chunk into a variable on its PS
 and each parity chunk into a variable on its PS, and parity row ``i`` of a
@@ -58,9 +58,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tf_ecrec.codec import MAX_STRIPE_WIDTH
+from tf_ecrec.erasure.codec import MAX_STRIPE_WIDTH
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.table_layout import (
+from tf_ecrec.layout.table_layout import (
     ChunkKind,
     ChunkSpec,
     RowLocation,

@@ -5,12 +5,12 @@ on ``k`` PS tasks and keeps ``r`` parity chunks on ``r`` other PS tasks; dense
 variables and the global step get ``r`` replicas.  A job of ``N`` PS tasks
 survives the loss of any ``r`` of them at a memory cost of ``r/k`` of the
 protected bytes (plus ``r`` copies of the dense ones).  ``r = 1`` is XOR,
-``r >= 2`` Reed-Solomon (see `tf_ecrec.codec`).
+``r >= 2`` Reed-Solomon (see `tf_ecrec.erasure.codec`).
 
 Three values are easy to confuse: `ECConfig` is the job's choice of code
-(what the user writes); `tf_ecrec.codec.Code` is that code's coefficient
+(what the user writes); `tf_ecrec.erasure.codec.Code` is that code's coefficient
 matrix (what encodes and decodes, built from an `ECConfig`'s ``k`` and
-``r``); `tf_ecrec.config.ClusterConfig` is the cluster (TF_CONFIG).
+``r``); `tf_ecrec.cluster.tf_config.ClusterConfig` is the cluster (TF_CONFIG).
 """
 
 from __future__ import annotations

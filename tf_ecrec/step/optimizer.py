@@ -5,7 +5,7 @@ Wrap the v1 optimizer a model_fn already uses::
     optimizer = tf_ecrec.ECOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05))
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
 
-Supported: the rules of `tf_ecrec.update_rule` (GradientDescent, Adagrad,
+Supported: the rules of `tf_ecrec.step.update_rule` (GradientDescent, Adagrad,
 Adam applied lazily, Ftrl, Momentum, RMSProp), with their hyperparameters
 read from the wrapped optimizer.
 
@@ -15,14 +15,14 @@ TensorFlow's optimizers do), whose output ``old ^ new`` of every touched row
 and slot is folded into the parity chunks of the rows' stripes
 (``coef * delta``, XOR for r = 1) or XORed into a dense variable's ``r``
 replicas; the global step increment on the step and its replicas; the two
-commit rounds, in the run or carried by the next (`tf_ecrec.carried_commit`).
+commit rounds, in the run or carried by the next (`tf_ecrec.step.carried_commit`).
 XOR, GF(2^16) products and integer additions commute, so whenever no step is
 in flight parity and replicas equal the code of data and slots, bit for bit,
 whatever the order of concurrent workers' updates.
 
-Parity, slots and replicas are created on first use (`tf_ecrec.protection`);
+Parity, slots and replicas are created on first use (`tf_ecrec.step.protection`);
 where each delta folds comes from the layout (`TableLayout.fold_routes`);
-armed failpoints (`tf_ecrec.failpoints`) are read once per step program.
+armed failpoints (`tf_ecrec.step.failpoints`) are read once per step program.
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec import failpoints, steplog
 from tf_ecrec import ops as ec_ops
-from tf_ecrec.batched_commit import BatchedCommit, batched_step
-from tf_ecrec.carried_commit import MODES, CarriedCommit, commit_mode_from_environ
-from tf_ecrec.device import on_ps, ps_device, variable_name
-from tf_ecrec.ec_config import ECConfig
-from tf_ecrec.embedding import EmbeddingCollection, collections, current_context, device_task
+from tf_ecrec.base.graph_registry import GraphRegistry
+from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.graph_registry import GraphRegistry
-from tf_ecrec.optimizer_parts import Deferred, ECOptimizerPart
-from tf_ecrec.protection import ProtectionVariables, describe
-from tf_ecrec.step_program import (
+from tf_ecrec.layout.device import on_ps, ps_device, variable_name
+from tf_ecrec.step import failpoints, steplog
+from tf_ecrec.step.batched_commit import BatchedCommit, batched_step
+from tf_ecrec.step.carried_commit import MODES, CarriedCommit, commit_mode_from_environ
+from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context, device_task
+from tf_ecrec.step.optimizer_parts import Deferred, ECOptimizerPart
+from tf_ecrec.step.protection import ProtectionVariables, describe
+from tf_ecrec.step.step_program import (
     AppliedUpdate,
     Apply,
     Binding,
@@ -62,10 +62,10 @@ from tf_ecrec.step_program import (
     new_step_id,
     planned_folds,
 )
-from tf_ecrec.step_program import dedup as _dedup
-from tf_ecrec.step_program import gate as _gate
-from tf_ecrec.step_program import read_step as _read
-from tf_ecrec.update_rule import UpdateRule
+from tf_ecrec.step.step_program import dedup as _dedup
+from tf_ecrec.step.step_program import gate as _gate
+from tf_ecrec.step.step_program import read_step as _read
+from tf_ecrec.step.update_rule import UpdateRule
 
 _LOG = logging.getLogger(__name__)
 
@@ -94,9 +94,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
       rule: the update rule, when there is no v1 optimizer to read it from (`tf_ecrec.pss` reads it
         from a Keras optimizer); ``optimizer`` is then None and `compute_gradients` is not available.
       commit: ``"carried"``: a step's run ends after its count, and its two commit rounds run in the
-        trainer's next run (`tf_ecrec.carried_commit`: a `CarriedCommitHook` or `CarriedCommit.run`
+        trainer's next run (`tf_ecrec.step.carried_commit`: a `CarriedCommitHook` or `CarriedCommit.run`
         must drive the runs); ``"batched"``: a step is its applies and count, its folds and commit run
-        in the trainer's fold rounds (`tf_ecrec.batched_commit`, driven the same way); ``"in_step"``:
+        in the trainer's fold rounds (`tf_ecrec.step.batched_commit`, driven the same way); ``"in_step"``:
         a run ends after its own commit.  Default: ``TF_ECREC_COMMIT`` if set, else in_step
         (`tf_ecrec.ec_model_fn` adds the hook either way).
     """
@@ -122,7 +122,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self.variables = ProtectionVariables(self.rule)
         # collection -> PS -> parity variable; variable name -> replicas; -> variable (dense ones, the global step)
         self.parity, self.replicas, self.protected = self.variables.parity, self.variables.replicas, self.variables.protected
-        self.targets: dict[int, Target] = {}  # logged variable groups by id (tf_ecrec.steplog)
+        self.targets: dict[int, Target] = {}  # logged variable groups by id (tf_ecrec.step.steplog)
         self._tid: dict[str, int] = {}
         self.logs: dict[int, tf.Tensor] = {}  # PS task -> delta log handle
         self._sid: tf.Tensor | None = None
@@ -172,7 +172,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         return [name for name, _ in self.rule.slots]
 
     def part(self, optimizer: tf.compat.v1.train.Optimizer, name: str | None = None) -> ECOptimizerPart:
-        """`optimizer`'s rule for the variables it is given, in this ECOptimizer's step (`tf_ecrec.optimizer_parts`)."""
+        """`optimizer`'s rule for the variables it is given, in this ECOptimizer's step (`tf_ecrec.step.optimizer_parts`)."""
         self.deferred = self.deferred or Deferred(self)
         return ECOptimizerPart(self, optimizer, name or f"{self._name}_part")
 
@@ -217,7 +217,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             after_apply = failpoints.after_apply(armed, [(a.device, a.delta) for a in applied], step_value)
             data_ps = sorted({device_task(a.device) for a in applied})
             self.carried_commit = None
-            # Batched: a count after the applies, folds in rounds (tf_ecrec.batched_commit); without a global step it commits in its run.
+            # Batched: a count after the applies, folds in rounds (tf_ecrec.step.batched_commit); without a global step it commits in its run.
             if self._mode(step_context) == "batched" and global_step is not None:
                 train_op, counts, counted = batched_step(self, applied, after_apply, global_step, armed, step_value, generation)
                 fold_ops: dict[int, list[tf.Operation]] = {a.tid: [] for a in applied}
@@ -245,7 +245,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     armed, [g.op for g in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
                 )
                 # Phase 4: commit, round 1 on the data PS (in the order of their applies), then round 2
-                # everywhere (tf_ecrec.steplog): in this run, or carried by the next (tf_ecrec.carried_commit).
+                # everywhere (tf_ecrec.step.steplog): in this run, or carried by the next (tf_ecrec.step.carried_commit).
                 if self._mode(step_context) == "carried":
                     carried = tf.compat.v1.placeholder(tf.int64, [], name="carried_sid")
                     round1, round2 = commit_rounds(carried, self.logs, data_ps, [], self.commit_timeout_ms)

@@ -1,7 +1,7 @@
 """The variables `ECOptimizer` adds: optimizer slots, parity of the tables, replicas of the rest.
 
 Each is created on first use, on its PS, with its initial value computed
-from the initial values of what it protects (`tf_ecrec.stripe_encoding`
+from the initial values of what it protects (`tf_ecrec.layout.stripe_encoding`
 encodes parity from the data PS's words; a replica is the k = 1 code of a
 variable and its slots, i.e. their words).  The graph's initializer runs
 every initializer in one ``session.run``, where each initial-value tensor is
@@ -18,12 +18,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_ecrec import unfolded
-from tf_ecrec.device import initial_value_of, on_ps, variable_name
-from tf_ecrec.embedding import EmbeddingCollection, device_task
+from tf_ecrec.base import unfolded
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.stripe_encoding import encode_parity_chunk, row_words
-from tf_ecrec.update_rule import UpdateRule
+from tf_ecrec.layout.device import initial_value_of, on_ps, variable_name
+from tf_ecrec.layout.stripe_encoding import encode_parity_chunk, row_words
+from tf_ecrec.step.embedding import EmbeddingCollection, device_task
+from tf_ecrec.step.update_rule import UpdateRule
 
 
 class ProtectionVariables:
@@ -31,7 +31,7 @@ class ProtectionVariables:
 
     Args:
       rule: the update rule (its slots are created for every updated variable), unless `rules` names
-        another for a variable (an `ECOptimizer` with parts: `tf_ecrec.optimizer_parts`).
+        another for a variable (an `ECOptimizer` with parts: `tf_ecrec.step.optimizer_parts`).
 
     Attributes:
       slots: variable name -> its slot variables, in the rule's order.

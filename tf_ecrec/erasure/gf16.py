@@ -1,4 +1,4 @@
-"""Arithmetic in GF(2^16) and the 16-bit symbol view of arrays: what `tf_ecrec.codec` computes with.
+"""Arithmetic in GF(2^16) and the 16-bit symbol view of arrays: what `tf_ecrec.erasure.codec` computes with.
 
 The field is the one of pyeclib's ``liberasurecode_rs_vand`` backend:
 GF(2^16) with the primitive polynomial ``x^16 + x^12 + x^3 + x + 1``
@@ -7,7 +7,7 @@ array's bytes (C order) are read as little-endian 16-bit symbols
 ``b[2i] | b[2i+1] << 8`` whatever the host's byte order (:func:`words`), so
 an array must hold an even number of bytes.
 
-This module knows nothing of codes, stripes or chunks: `tf_ecrec.codec`
+This module knows nothing of codes, stripes or chunks: `tf_ecrec.erasure.codec`
 builds the code's matrix and encodes and decodes with these functions.
 """
 
