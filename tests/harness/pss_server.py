@@ -7,8 +7,8 @@ A TF server with the op library loaded (as the launcher's tasks), or with ``plai
 import json
 import sys
 
+from tf_ecrec.cluster.ps_session import cluster_server
 from tf_ecrec.cluster.tf_config import ClusterConfig
-from tf_ecrec.launcher.task import start_server
 from tf_ecrec.ops import load_library
 
 if __name__ == "__main__":
@@ -20,6 +20,6 @@ if __name__ == "__main__":
                                       start=True)
     else:
         load_library()
-        server = start_server(ClusterConfig(cluster, job, index))
+        server = cluster_server(ClusterConfig(cluster, job, index))
     print("up", flush=True)
     server.join()

@@ -224,7 +224,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert runs.records == [BATCH] * 6  # with_data_accounting counted every batch
 
     # The same checks from outside the job, in bounded slices from the live PS tasks: `tf-ecrec verify`
-    # and the launcher's end-of-job digest (`python -m tf_ecrec.check.live_cluster`), a small budget splitting stripes.
+    # and the launcher's end-of-job digest (`python -m tf_ecrec.check.digest`), a small budget splitting stripes.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     ps = ",".join(cluster.ps_addresses)
     verify = zygote.run([sys.executable, "-m", "tf_ecrec.cli", "verify", "--model-dir", str(tmp_path), "--ps", ps],
@@ -232,7 +232,7 @@ def test_launcher_style_model_fn_with_code_from_ec_model_fn(cluster, tmp_path):
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert json.loads(verify.stdout) == result
     digest = zygote.run(
-        [sys.executable, "-c", "import sys, tf_ecrec.check.live_cluster as i; i.READ_BYTES = 1000; sys.exit(i.main(sys.argv[1:]))",
+        [sys.executable, "-c", "import sys, tf_ecrec.check.live_cluster as i, tf_ecrec.check.digest as d; i.READ_BYTES = 1000; sys.exit(d.main(sys.argv[1:]))",
          str(tmp_path / "variables.json"), ps], env=env, timeout=120)
     assert digest.returncode == 0, digest.stderr[-2000:]
     out = json.loads(digest.stdout.strip().splitlines()[-1])

@@ -185,3 +185,19 @@ def wait_until_serving(tasks: Mapping[str, str], timeout_secs: float, source: st
             _LOG.warning("waiting for %s to serve (%.0f s of %g s)", missing, now - start, timeout_secs)
             reported = now
         time.sleep(min(0.5, max(0.0, timeout_secs - (now - start))))
+
+
+def cluster_server(cluster: ClusterConfig) -> Any:
+    """This task's TensorFlow server as a member of the whole cluster (a PS task's), started, with the job's gRPC
+    options set first (`start_server` is a trainer's, a job of its own)."""
+    import tensorflow as tf
+
+    fast_reconnect()  # before the server makes its first channel
+
+    return tf.distribute.Server(
+        tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
+        job_name=cluster.task_type,
+        task_index=cluster.task_index,
+        protocol="grpc",
+        start=True,
+    )

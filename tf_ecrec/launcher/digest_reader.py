@@ -28,7 +28,7 @@ from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_proces
 
 
 class DigestReader:
-    """One `tf_ecrec.check.live_cluster` process per job, started early, asked once.
+    """One `tf_ecrec.check.digest` process per job, started early, asked once.
 
     Args:
       manifest: the chief's variable manifest (read by the reader when asked).
@@ -60,7 +60,7 @@ class DigestReader:
         stdin_r, self._stdin = os.pipe()
         self._stdout, stdout_w = os.pipe()
         try:
-            self._proc = start_process(self.forkserver, "tf_ecrec.check.live_cluster", [self._manifest, "-"], env,
+            self._proc = start_process(self.forkserver, "tf_ecrec.check.digest", [self._manifest, "-"], env,
                                        stdin_r, stdout_w, self._log, name="digest")
         finally:
             os.close(stdin_r)

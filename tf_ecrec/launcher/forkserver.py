@@ -62,7 +62,7 @@ PRELOAD = (
     "tensorflow",
     "tf_ecrec.ops.loader",
     "tf_ecrec.launcher.task",
-    "tf_ecrec.check.live_cluster",
+    "tf_ecrec.check.digest",
 )
 
 

@@ -18,7 +18,7 @@ also appended to ``<model_dir>/recovery.jsonl``.
 Each worker's input is the synthetic records (the same for every worker: the strategy makes one input
 pipeline and runs it on each), written once into ``<model_dir>/input`` and loaded by the pipeline
 (`tf_ecrec.data.saved_shares`).  Not
-supported with ``--strategy pss`` (each refused by `check_pss_job`): Criteo
+supported with ``--strategy pss`` (each refused by `tf_ecrec.launcher.pss_rules.validate`): Criteo
 files, the job master and its data sharding, elastic workers, spare PS,
 ``--restart-at new-port`` (a survivor PS cannot reach a moved PS:
 `tf_ecrec.pss.recovery`), ``--deterministic``, and protection other than
@@ -37,7 +37,6 @@ from typing import Any
 from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import model_dir
-from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
 from tf_ecrec.launcher.models import data_sizes, load_model, model_params
 from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.launcher.status import StatusKind
@@ -52,32 +51,13 @@ REBUILD_REPORT_SECS = 3600.0
 """A worker's input holds at most this many records (then repeats them), written to the model dir once."""
 
 
-def check_pss_job(job: JobSpec) -> None:
-    """Raises ConfigError for a flag ``--strategy pss`` does not support (see the module doc)."""
-    rules = [
-        (job.fault_tolerance is FaultTolerance.ECREC,
-         f"--fault-tolerance {job.fault_tolerance.value}: --strategy pss trains with --fault-tolerance ecrec"),
-        (job.data == "synthetic", f"--data {job.data}: --strategy pss reads --data synthetic only"),
-        (job.master_address is None and job.zk is None,
-         "--master/--zk: --strategy pss has no job master (its coordinator schedules the steps)"),
-        (not job.add_workers and not job.removes, "--add-worker/--remove-worker: not with --strategy pss"),
-        (job.spare_ps == 0, "--spare-ps: not with --strategy pss"),
-        (job.restart_at is RestartAt.SAME,
-         "--restart-at new-port: under --strategy pss a recovered PS keeps its address (docs/pss.md)"),
-        (not job.deterministic, "--deterministic: --strategy pss trains asynchronously"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ConfigError(f"{message}; source: --strategy")
-
-
 def serve(cluster: ClusterConfig) -> None:
     """A PS or worker task: a server that runs what the coordinator sends, until the launcher stops it."""
-    from tf_ecrec.launcher.task import start_server
+    from tf_ecrec.cluster.ps_session import cluster_server
     from tf_ecrec.ops import load_library
 
     load_library()
-    server = start_server(cluster)
+    server = cluster_server(cluster)
     _LOG.info("%s serving at %s", cluster.task, cluster.address)
     server.join()
 

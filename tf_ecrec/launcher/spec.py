@@ -244,9 +244,9 @@ class JobSpec:
             )
         elastic.validate(self)
         if self.strategy is Strategy.PSS:
-            from tf_ecrec.launcher.pss_job import check_pss_job
+            from tf_ecrec.launcher import pss_rules
 
-            check_pss_job(self)
+            pss_rules.validate(self)
 
     @property
     def table_storage(self) -> Storage:

@@ -16,7 +16,7 @@ TensorFlow server, and then:
 
 The chief also writes the variable manifest (``<model_dir>/variables.json``) that lets the launcher
 read every variable back from the PS tasks, a checkpoint at the end when no interval saved one, and,
-under ecrec, ``<model_dir>/recovery.jsonl`` (one line per recovery, as `tf_ecrec.estimator_job.RecoveryLog`
+under ecrec, ``<model_dir>/recovery.jsonl`` (one line per recovery, as `tf_ecrec.session.recovery_log.RecoveryLog`
 writes it), the report a job started by another launcher (``deploy/``, `tf_ecrec.launcher.k8s`) has.
 """
 
@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tf_ecrec.cluster.ps_session import fast_reconnect, own_server
+from tf_ecrec.cluster.ps_session import cluster_server, own_server
 from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
 from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
@@ -59,20 +59,6 @@ def make_source(job: JobSpec, params: dict[str, Any]) -> Any:
 
         return open_stream(job.stream_dir, on_corrupt=job.on_corrupt.value)
     return CriteoFiles(job.criteo_paths, on_corrupt=job.on_corrupt.value)
-
-
-def start_server(cluster: ClusterConfig) -> Any:
-    import tensorflow as tf
-
-    fast_reconnect()  # before the server makes its first channel
-
-    return tf.distribute.Server(
-        tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
-        job_name=cluster.task_type,
-        task_index=cluster.task_index,
-        protocol="grpc",
-        start=True,
-    )
 
 
 def _status_sender(cluster: ClusterConfig) -> StatusSender | None:
@@ -176,7 +162,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
     if job.fault_tolerance.ours:
         recovery = _report_recovery(cluster)
         if cluster.is_chief:  # <model_dir>/recovery.jsonl, as tf_ecrec.train writes it (read without a launcher)
-            from tf_ecrec.estimator_job import RECOVERY_FILE, RecoveryLog, StepWatch
+            from tf_ecrec.session.recovery_log import RECOVERY_FILE, RecoveryLog, StepWatch
 
             watch = StepWatch()
             extra_hooks.append(watch)
@@ -308,7 +294,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
         # A trainer under the failover loop: its sessions carry the cluster (tf_ecrec.session.failover).
         server = own_server(cluster.address)
     else:
-        server = start_server(cluster)
+        server = cluster_server(cluster)
     master = MasterConnection.connect(job, cluster)  # None without a job master
     if cluster.task_type == "ps":
         _LOG.info("%s serving at %s", cluster.task, cluster.address)
