@@ -54,9 +54,10 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
     import tensorflow as tf
 
     import tf_ecrec
+    from tf_ecrec.layout.device import ps_index
     from tf_ecrec.recovery.graph import WHOLE_MARKERS
     from tf_ecrec.recovery.plan import RecoveryPlan
-    from tf_ecrec.step.embedding import ECContext, device_task, set_context
+    from tf_ecrec.step.embedding import ECContext, set_context
 
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=num_ps, worker_device="/job:chief")):
@@ -70,7 +71,7 @@ def build(rows: int, num_ps: int, k: int, r: int, slice_bytes: int, background: 
         plan = RecoveryPlan(opt, background=background, slice_bytes=slice_bytes)
         markers = tf.compat.v1.get_collection(WHOLE_MARKERS)
         init = tf.group(tf.compat.v1.global_variables_initializer(), *[m.initializer for m in markers])
-        lost_vars = [v for v in [*tf.compat.v1.global_variables(), *markers] if device_task(v.device) == 1]
+        lost_vars = [v for v in [*tf.compat.v1.global_variables(), *markers] if ps_index(v.device) == 1]
         destroy = [tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True) for v in lost_vars]
         with tf.device(opt.logs[1].device):
             destroy.append(tf.raw_ops.DestroyResourceOp(resource=opt.logs[1], ignore_lookup_error=True))

@@ -62,10 +62,11 @@ from tf_ecrec.base.retry import duplicate_request
 from tf_ecrec.check.verify import check_parity
 from tf_ecrec.erasure import codec
 from tf_ecrec.errors import RecoveryError
+from tf_ecrec.layout.device import ps_index
 from tf_ecrec.recovery.graph import WHOLE_MARKERS
 from tf_ecrec.recovery.plan import RecoveryPlan
 from tf_ecrec.recovery.scaffold import raising_ready_op
-from tf_ecrec.step.embedding import ECContext, device_task, set_context
+from tf_ecrec.step.embedding import ECContext, set_context
 from tf_ecrec.step.step_program import GENERATION_SHIFT, TargetKind
 
 TABLES = [("a", 48), ("b", 12)]
@@ -177,7 +178,7 @@ class Rig:
             for p in range(num_ps):
                 ops = [
                     tf.raw_ops.DestroyResourceOp(resource=v.handle, ignore_lookup_error=True)
-                    for v in [*self.variables.values(), *markers] if device_task(v.device) == p
+                    for v in [*self.variables.values(), *markers] if ps_index(v.device) == p
                 ]
                 if self.flash is not None:  # the shadows (and PS 0's gate) live in the PS process too
                     ops += [tf.raw_ops.DestroyResourceOp(resource=h, ignore_lookup_error=True) for h in self.flash.resources(p)]
@@ -879,7 +880,7 @@ class Sequence:
             # history stays at that state) and it is not read; once installed it is checked again.
             tables = {v.op.name for v in self.rig.coll.data.values()}
             lost = {tid for tid, t in self.rig.data_targets.items()
-                    if t.variables[0].op.name in tables and device_task(t.variables[0].device) in job.lost}
+                    if t.variables[0].op.name in tables and ps_index(t.variables[0].device) in job.lost}
             pending = {tid: ~values[tid].any(axis=1) for tid in lost}
             if t0:
                 decoded = self._decoded(values, set(job.lost))
@@ -894,7 +895,7 @@ class Sequence:
         rig = self.rig
         layout = rig.coll.table_layout
         code = codec.Code(rig.k, rig.r)
-        tid_of = {device_task(t.variables[0].device): tid for tid, t in rig.data_targets.items()
+        tid_of = {ps_index(t.variables[0].device): tid for tid, t in rig.data_targets.items()
                   if t.variables[0].op.name in {v.op.name for v in rig.coll.data.values()}}
         parity = {p: np.ascontiguousarray(v).view(np.int32).reshape(v.shape[0], -1)
                   for p, v in self.sess.run(dict(rig.opt.parity[rig.coll.name])).items()}

@@ -169,8 +169,8 @@ def test_lookup_returns_the_rows_of_each_table(cluster):
 
 def test_an_unprotected_collection_is_the_same_storage_trained_by_a_stock_optimizer(cluster):
     """The like-for-like baseline: the variables, layout and lookups of a protected collection, no protection."""
-    from tf_ecrec.layout.device import layout_placement
-    from tf_ecrec.step.embedding import collections, device_task
+    from tf_ecrec.layout.device import layout_placement, ps_index
+    from tf_ecrec.step.embedding import collections
 
     def values(shape, dtype=tf.float32):
         return tf.reshape(tf.cast(tf.range(shape[0] * shape[1]), tf.float32), shape)
@@ -193,8 +193,8 @@ def test_an_unprotected_collection_is_the_same_storage_trained_by_a_stock_optimi
     with tf.Graph().as_default():
         with tf.compat.v1.device(tf_ecrec.ECDeviceFn(num_ps=3, worker_device="/job:worker")):
             twin = tf_ecrec.EmbeddingCollection("twin", [("a", 50), ("b", 7)], 3, ec=tf_ecrec.ECConfig(2, 1), num_ps=3)
-        assert {p: (device_task(v.device), v.shape.as_list()) for p, v in twin.data.items()} == {
-            p: (device_task(v.device), v.shape.as_list()) for p, v in coll.data.items()
+        assert {p: (ps_index(v.device), v.shape.as_list()) for p, v in twin.data.items()} == {
+            p: (ps_index(v.device), v.shape.as_list()) for p, v in coll.data.items()
         }
     with tf.compat.v1.Session(cluster["targets"][0], graph=graph) as sess:
         sess.run(init)

@@ -98,7 +98,7 @@ def placement_and_parity_case() -> None:
         import tf_ecrec.keras
         import tf_ecrec.pss
         from tf_ecrec.errors import ConfigError
-        from tf_ecrec.step.embedding import device_task
+        from tf_ecrec.layout.device import ps_index
 
         cluster, protection = _setup()
         try:
@@ -117,16 +117,16 @@ def placement_and_parity_case() -> None:
                 # Placement: the layout's PS for every data chunk and parity chunk; slots with their
                 # variable; replicas on the next r PS; never the creation counter's guess unchecked.
                 for p, var in coll.data.items():
-                    assert device_task(var.device) == p and coll.data_chunks_on[p], (name, var.device)
+                    assert ps_index(var.device) == p and coll.data_chunks_on[p], (name, var.device)
                 opt = model.optimizer.protector
                 for q, var in opt.parity[coll.name].items():
-                    assert device_task(var.device) == q and coll.parity_chunks_on[q], (name, var.device)
+                    assert ps_index(var.device) == q and coll.parity_chunks_on[q], (name, var.device)
                 for var_name, slots in opt.variables.slots.items():
                     owner = next(v for v in [*coll.data.values(), *opt.protected.values()] if v.name.startswith(var_name + ":"))
-                    assert all(device_task(s.device) == device_task(owner.device) for s in slots), var_name
+                    assert all(ps_index(s.device) == ps_index(owner.device) for s in slots), var_name
                 for var_name, reps in opt.replicas.items():
-                    primary = device_task(opt.protected[var_name].device)
-                    assert [device_task(r.device) for r in reps] == [(primary + 1) % 3], var_name
+                    primary = ps_index(opt.protected[var_name].device)
+                    assert [ps_index(r.device) for r in reps] == [(primary + 1) % 3], var_name
                 assert int(model.optimizer.iterations.numpy()) == 24, name
                 report = _check_parity(model)
                 assert report["rows_checked"] == coll.table_layout.chunk_rows * coll.table_layout.num_stripes, report

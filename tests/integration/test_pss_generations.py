@@ -43,7 +43,7 @@ KINDS = ("same", "new", "checkpoint")
 
 def _admitted(recovery: Any) -> list[int]:
     """The minimum generation each PS's delta log admits, in PS order (read with no step in flight)."""
-    settle = recovery._reconciler()
+    settle = recovery.reconciler()
     return [settle.built.propagate_generation(settle, [p]) for p in range(recovery.protection.num_ps)]
 
 

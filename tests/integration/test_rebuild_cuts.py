@@ -23,8 +23,8 @@ from harness.fault_schedule import Sequence
 from integration.tf_cluster import tf_cluster
 
 from tf_ecrec.base.retry import Retry
+from tf_ecrec.layout.device import ps_index
 from tf_ecrec.rebuild.rebuilder import Rebuilder
-from tf_ecrec.step.embedding import device_task
 
 cluster = tf_cluster(num_ps=4)
 
@@ -50,7 +50,7 @@ def _case3(seq: Sequence) -> None:
     while len(job._slices) - job._next > 1:  # every slice but the last, training in between
         seq._install_slice()
         _train(seq, 1)  # lookups ask for pending rows; installed rows of PS 0 change with training
-    seq.cut_rebuild_call(lambda ops: [op for op in ops if device_task(op.device) == 0])
+    seq.cut_rebuild_call(lambda ops: [op for op in ops if ps_index(op.device) == 0])
     resumed = seq._job()
     assert resumed is not None and resumed.lost == [1], "the cut did not leave PS 1 alone unfinished"
     _train(seq, 2)

@@ -38,7 +38,7 @@ def _trainer(cluster, version=0):  # noqa: F811
         hook = SessionGenerationHook(context.steps, opt.logs)
         hook.begin()
         init = tf.compat.v1.global_variables_initializer()
-        sid = opt._sid
+        sid = opt.sid
     feed = {ids: np.arange(16).reshape(-1, 1) % 60}
     return graph, context, plan, hook, init, lambda sess: sess.run([train, sid], feed)[1]
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
 from tf_ecrec.erasure import codec
+from tf_ecrec.layout.table_layout import route_rows
 
 V1 = tf.compat.v1
 F32 = np.float32
@@ -256,7 +257,8 @@ def test_parity_update_errors_leave_parity_untouched() -> None:
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_route_deltas_splits_an_apply_by_route_like_masks_do(index_dtype) -> None:
     # The op replaces, per route, a mask of the rows whose chunk folds there, a gather of the chunk's
-    # parity base and index arithmetic; the oracle is that computation in NumPy.
+    # parity base and index arithmetic; the oracle is that computation in NumPy, written once in
+    # tf_ecrec.layout.table_layout.route_rows (settlement's expected folds use it too).
     rng = np.random.default_rng(5)
     chunk_rows, chunks, width = 7, 6, 3
     bases = np.full([3, chunks], -1, np.int64)
@@ -266,10 +268,12 @@ def test_route_deltas_splits_an_apply_by_route_like_masks_do(index_dtype) -> Non
     indices = rng.integers(0, chunks * chunk_rows, 40).astype(index_dtype)
     delta = _random_words(rng, (40, width))
     got = [(np.asarray(r), np.asarray(d)) for r, d in ec_ops.route_deltas(indices, delta, bases, chunk_rows)]
-    for j in range(3):
-        sel = bases[j, indices // chunk_rows] >= 0
-        np.testing.assert_array_equal(got[j][0], bases[j, indices[sel] // chunk_rows] + indices[sel] % chunk_rows)
-        np.testing.assert_array_equal(got[j][1], delta[sel])
+    want = route_rows(indices.astype(np.int64), bases, chunk_rows)
+    assert len(want) == 3
+    for j, (at, prow) in enumerate(want):
+        np.testing.assert_array_equal(got[j][0], prow)
+        np.testing.assert_array_equal(got[j][1], delta[at])
+    assert set(np.concatenate([at for at, _ in want])) == set(np.flatnonzero(indices // chunk_rows != 4))
     empty = ec_ops.route_deltas(np.zeros([0], index_dtype), np.zeros([0, width], np.int32), bases, chunk_rows)
     assert all(np.asarray(r).shape == (0,) and np.asarray(d).shape == (0, width) for r, d in empty)
     with pytest.raises(tf.errors.InvalidArgumentError, match="index 42 at position 1 is outside the 6 local chunks of 7 rows"):

@@ -49,7 +49,7 @@ from tf_ecrec.flash.config import (
     shm_root,
     slot_dir,
 )
-from tf_ecrec.layout.device import ps_device, variable_name
+from tf_ecrec.layout.device import maybe_ps_index, ps_device, variable_name
 from tf_ecrec.ops import delta_log_pending
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS
 from tf_ecrec.step.steplog import feeds
@@ -63,11 +63,6 @@ _RERUN = Retry(max_tries=3, delay=0.05, deadline=60.0, retry_if=duplicate_reques
 
 def _rerun(sess: Any, fetches: Any, feed_dict: Any = None) -> Any:
     return _RERUN(sess.run, fetches, feed_dict)
-
-
-def _ps_task(device: str) -> int | None:
-    spec = tf.DeviceSpec.from_string(device or "")
-    return int(spec.task) if spec.job == "ps" and spec.task is not None else None
 
 
 class FlashSnapshots:
@@ -100,7 +95,7 @@ class FlashSnapshots:
             named = [(variable_name(v), v) for v in (variables if variables is not None else tf.compat.v1.global_variables())]
         by_ps: dict[int, list[tuple[str, tf.Variable]]] = {p: [] for p in range(self.num_ps)}
         for name, v in named:
-            p = _ps_task(v.device)
+            p = maybe_ps_index(v.device)
             if p is not None:
                 if not hasattr(v, "handle"):
                     raise ConfigError(f"variable {name!r} is not a resource variable; rule: flash "

@@ -28,7 +28,7 @@ def validate(job: Any) -> None:
     for remove in job.removes:
         _check(remove.task_type == "worker",
                f"--remove-worker {remove}: only non-chief workers (worker:I) can leave a running job", "--remove-worker")
-        job._check_task_exists(remove, "--remove-worker")
+        job.check_task_exists(remove, "--remove-worker")
         _check(0 < remove.step < job.steps,
                f"--remove-worker {remove}: step {remove.step} must be inside the run, 0 < step < --steps {job.steps}",
                "--remove-worker")

@@ -231,7 +231,7 @@ class JobSpec:
                     "--kill",
                 )
             else:
-                self._check_task_exists(kill, "--kill")
+                self.check_task_exists(kill, "--kill")
             if kill.during:
                 _check(self.fault_tolerance is FaultTolerance.ECREC and self.spare_ps > 0,
                        f"--kill {kill}: a lost PS is rebuilt in the background only onto a spare, with --fault-tolerance "
@@ -255,7 +255,7 @@ class JobSpec:
             return self.storage
         return Storage.COLLECTION if self.fault_tolerance is FaultTolerance.ECREC else Storage.PARTITIONED
 
-    def _check_task_exists(self, spec: KillSpec, flag: str) -> None:
+    def check_task_exists(self, spec: KillSpec, flag: str) -> None:
         slots = self.worker_slots
         limit = {"ps": self.ps, "worker": slots, "chief": 1, "spare": self.spare_ps}[spec.task_type]
         if spec.task_type == "spare":

@@ -52,7 +52,22 @@ _requests = threading.local()
 
 
 def ps_device(task: int) -> str:
+    """The device string of PS task `task` (`ps_index` is the inverse)."""
     return f"/job:ps/task:{task}"
+
+
+def maybe_ps_index(device: str | None) -> int | None:
+    """The PS task index of a device string ("/job:ps/task:2/device:CPU:0" -> 2); None if it is not a PS task's."""
+    spec = tf.DeviceSpec.from_string(device or "")
+    return int(spec.task) if spec.job == "ps" and spec.task is not None else None
+
+
+def ps_index(device: str | None) -> int:
+    """The PS task index of a device string; ConfigError if it is not a PS task's."""
+    task = maybe_ps_index(device)
+    if task is None:
+        raise ConfigError(f"device {device!r} is not a PS task; source: variable placement")
+    return task
 
 
 @contextlib.contextmanager
@@ -236,8 +251,7 @@ def _merged(base: str, current: str) -> str:
 
 def check_placed(variable: tf.Variable, task: int, what: str) -> None:
     """Raises ConfigError when `variable` is not on PS `task`, where the layout puts it."""
-    spec = tf.DeviceSpec.from_string(variable.device or "")
-    if (spec.job == "ps" and spec.task == task) or storage_is_local():
+    if maybe_ps_index(variable.device) == task or storage_is_local():
         return
     raise ConfigError(
         f"{what} {variable_name(variable)!r} landed on {variable.device or 'no device'!r}, but the layout puts it on "

@@ -205,6 +205,21 @@ class FoldRoute:
     parity_base: np.ndarray
 
 
+def route_rows(rows: np.ndarray, bases: np.ndarray, chunk_rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Where the rows of one data PS's update fold: per route (a row of `bases`, a `FoldRoute.parity_base`
+    each), the positions in `rows` of the rows it takes and their rows in its PS's parity variable.
+
+    The one statement of fold routing: `EcRec>RouteDeltas` computes it in the step's graph and is tested
+    against this function (tests/unit/test_ops_parity.py); settlement's expected folds call it.
+    """
+    local = rows // chunk_rows
+    out = []
+    for base in bases:
+        at = np.flatnonzero(base[local] >= 0)
+        out.append((at, base[local[at]] + rows[at] % chunk_rows))
+    return out
+
+
 @dataclass(frozen=True)
 class TableLayout:
     """The chunks and stripes of one table.

@@ -18,7 +18,7 @@ The ops live in the compiled library ``_ec_ops.so`` beside this package
 This package is a facade of names, and importing it loads nothing (not even
 TensorFlow): ``from tf_ecrec import ops as ec_ops`` then
 ``ec_ops.parity_update(...)`` imports the owning module on first access
-(the table below), and the library is loaded when the first op is built
+(the table below; mypy reads the same names from their modules), and the library is loaded when the first op is built
 (:func:`load_library`). Callers may use either the facade or the modules;
 :mod:`tf_ecrec.ops.log_snapshot` can be imported without TensorFlow.
 
@@ -29,7 +29,7 @@ calling ``tf_ecrec.ops.load_library()``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "BUILD_INFO_NAME": "loader",
@@ -93,6 +93,179 @@ _LAZY = {
 """Public name -> the module of this package that owns it."""
 
 __all__ = [*_LAZY]
+
+if TYPE_CHECKING:  # the same names, typed for mypy (tests/unit/test_ops_facade.py keeps the two in step)
+    from tf_ecrec.ops.apply import (
+        lazy_adam_learning_rate as lazy_adam_learning_rate,
+    )
+    from tf_ecrec.ops.apply import (
+        sparse_apply_adagrad_with_delta as sparse_apply_adagrad_with_delta,
+    )
+    from tf_ecrec.ops.apply import (
+        sparse_apply_adam_with_delta as sparse_apply_adam_with_delta,
+    )
+    from tf_ecrec.ops.apply import (
+        sparse_apply_ftrl_with_delta as sparse_apply_ftrl_with_delta,
+    )
+    from tf_ecrec.ops.apply import (
+        sparse_apply_sgd_with_delta as sparse_apply_sgd_with_delta,
+    )
+    from tf_ecrec.ops.apply_momentum import (
+        sparse_apply_centered_rms_prop_with_delta as sparse_apply_centered_rms_prop_with_delta,
+    )
+    from tf_ecrec.ops.apply_momentum import (
+        sparse_apply_momentum_with_delta as sparse_apply_momentum_with_delta,
+    )
+    from tf_ecrec.ops.apply_momentum import (
+        sparse_apply_rms_prop_with_delta as sparse_apply_rms_prop_with_delta,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_commit_each as delta_log_commit_each,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_counted as delta_log_counted,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_is_committed as delta_log_is_committed,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_mark_folded as delta_log_mark_folded,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_ready as delta_log_ready,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        delta_log_take as delta_log_take,
+    )
+    from tf_ecrec.ops.batched_fold import (
+        parity_fold_batch as parity_fold_batch,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        DEFAULT_DELTA_LOG_NAME as DEFAULT_DELTA_LOG_NAME,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        DELTA_LOG_COMMITTED_CAPACITY as DELTA_LOG_COMMITTED_CAPACITY,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        assign_add_logged as assign_add_logged,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log as delta_log,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_commit as delta_log_commit,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_commit_in_order as delta_log_commit_in_order,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_drop as delta_log_drop,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_fence as delta_log_fence,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_pending as delta_log_pending,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_read as delta_log_read,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_seq_of as delta_log_seq_of,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_set_generation as delta_log_set_generation,
+    )
+    from tf_ecrec.ops.delta_log_ops import (
+        delta_log_undo as delta_log_undo,
+    )
+    from tf_ecrec.ops.loader import (
+        BUILD_INFO_NAME as BUILD_INFO_NAME,
+    )
+    from tf_ecrec.ops.loader import (
+        LIBRARY_DIR as LIBRARY_DIR,
+    )
+    from tf_ecrec.ops.loader import (
+        LIBRARY_NAME as LIBRARY_NAME,
+    )
+    from tf_ecrec.ops.loader import (
+        OP_NAMES as OP_NAMES,
+    )
+    from tf_ecrec.ops.loader import (
+        BuildInfo as BuildInfo,
+    )
+    from tf_ecrec.ops.loader import (
+        check_build_info as check_build_info,
+    )
+    from tf_ecrec.ops.loader import (
+        load_library as load_library,
+    )
+    from tf_ecrec.ops.loader import (
+        read_build_info as read_build_info,
+    )
+    from tf_ecrec.ops.log_snapshot import (
+        DeltaLogEntry as DeltaLogEntry,
+    )
+    from tf_ecrec.ops.log_snapshot import (
+        DeltaLogSnapshot as DeltaLogSnapshot,
+    )
+    from tf_ecrec.ops.log_snapshot import (
+        EntryKind as EntryKind,
+    )
+    from tf_ecrec.ops.log_snapshot import (
+        as_words as as_words,
+    )
+    from tf_ecrec.ops.log_snapshot import (
+        parse_delta_log as parse_delta_log,
+    )
+    from tf_ecrec.ops.parity import (
+        parity_update as parity_update,
+    )
+    from tf_ecrec.ops.parity import (
+        route_deltas as route_deltas,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        await_rebuilt_rows as await_rebuilt_rows,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        install_row_words as install_row_words,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        preserve_end as preserve_end,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        preserve_ranges as preserve_ranges,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        read_preserved_row_words as read_preserved_row_words,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        rebuild_begin_pending as rebuild_begin_pending,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        rebuild_forget_pending as rebuild_forget_pending,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        recovery_view_stats as recovery_view_stats,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        wait_wanted as wait_wanted,
+    )
+    from tf_ecrec.ops.recovery_view import (
+        wanted_rows as wanted_rows,
+    )
+    from tf_ecrec.ops.row_words import (
+        combine_rows as combine_rows,
+    )
+    from tf_ecrec.ops.row_words import (
+        read_row_words as read_row_words,
+    )
+    from tf_ecrec.ops.row_words import (
+        write_row_words as write_row_words,
+    )
+    from tf_ecrec.ops.row_words import (
+        xor_rows as xor_rows,
+    )
 
 
 def __getattr__(name: str) -> Any:

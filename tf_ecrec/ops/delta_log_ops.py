@@ -241,7 +241,7 @@ def delta_log_drop(log: tf.Tensor, sids: IntLike | Sequence[int], name: str | No
     return call_log_op("ec_rec_delta_log_drop", log, name, sids=int64_tensor(sids, "sids"))
 
 
-def delta_log_read(log: tf.Tensor, name: str | None = None) -> tuple[tf.Tensor, ...]:
+def delta_log_read(log: tf.Tensor, name: str | None = None) -> Any:
     """A consistent snapshot of the log, as tensors; see :func:`~tf_ecrec.ops.log_snapshot.parse_delta_log`.
 
     Returns:

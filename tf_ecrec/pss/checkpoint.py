@@ -71,7 +71,7 @@ def fall_back(recovery: PSSRecovery, lost: list[int], checkpoint: str | None, re
         choice = None
     if choice is None and checkpoint is None:
         raise error
-    recovery._unfinished = set(lost)
+    recovery.unfinished = set(lost)
     if choice is not None:
         what, method = f"the flash snapshot of step {choice.global_step}", choice.method
         restored = restore(recovery, lost, lambda: flash.restore(choice), method, result, started)
@@ -82,7 +82,7 @@ def fall_back(recovery: PSSRecovery, lost: list[int], checkpoint: str | None, re
             return 0
 
         restored = restore(recovery, lost, read, method, result, started)
-    recovery._unfinished = set()
+    recovery.unfinished = set()
     _LOG.warning("PS %s lost beyond the code: restored %s (step %d, method %s) in %.1fs", lost, what, restored.step,
                  method, restored.seconds)
     return restored
@@ -93,12 +93,12 @@ def restore(recovery: PSSRecovery, lost: list[int], read: Callable[[], int], met
     """Re-creates the lost PS's variables, then `read` assigns every variable (survivors' too: all of one step)
     and returns the bytes it read from a flash snapshot (0 from a checkpoint)."""
     alive = [p for p in range(recovery.protection.num_ps) if p not in lost]
-    settle = recovery._reconciler()
+    settle = recovery.reconciler()
     recovery.raise_generation(settle, alive)
     discarded = settle.built.discard(settle, alive)
-    replaced = recovery._replace(lost)
+    replaced = recovery.replace_lost(lost)
     result.bytes_rebuilt = read()
-    recovery._resume()
+    recovery.resume()
     result.method = method
     result.variables_rebuilt = len(replaced)
     result.step = int(recovery.optimizer.iterations.numpy())
@@ -113,8 +113,8 @@ def adopt_restored_values(recovery: PSSRecovery) -> int:
     is gone), the generation raised on every PS (a step of the old one is refused), the step retraced.
     Returns how many pending steps were discarded."""
     alive = list(range(recovery.protection.num_ps))
-    settle = recovery._reconciler()
+    settle = recovery.reconciler()
     recovery.protection.generation = recovery.raise_generation(settle, alive)  # for an optimizer built after
     discarded = settle.built.discard(settle, alive)
-    recovery._resume()
+    recovery.resume()
     return discarded

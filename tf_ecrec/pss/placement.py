@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.layout import device
-from tf_ecrec.step.embedding import device_task
+from tf_ecrec.layout.device import ps_index
 
 T = TypeVar("T")
 
@@ -86,7 +86,7 @@ class PSPlacement:
         for _ in range(2 * self.num_ps):
             with self.strategy.scope():
                 anchor = tf.Variable(0, dtype=tf.int32, trainable=False, name=f"ec_anchor_{next(self._serial)}")
-            p = device_task(anchor.device)
+            p = ps_index(anchor.device)
             if p not in self.anchors or p == task:
                 self.anchors[p] = anchor
             if p == task:
@@ -132,4 +132,4 @@ class PSPlacement:
 
     def task_of(self, variable: tf.Variable) -> int:
         """The PS a variable is on (ConfigError if not on a PS)."""
-        return device_task(variable.device)
+        return ps_index(variable.device)

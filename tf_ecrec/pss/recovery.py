@@ -38,14 +38,13 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tf_ecrec.errors import RecoveryError
-from tf_ecrec.layout.device import variable_name
+from tf_ecrec.layout.device import ps_index, variable_name
 from tf_ecrec.pss.function_session import FunctionSession
 from tf_ecrec.pss.optimizer import protected_optimizer
 from tf_ecrec.pss.placement import resolver_of
 from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, delta_logs, sync
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES
-from tf_ecrec.step.embedding import device_task
 from tf_ecrec.step.step_program import MAX_GENERATION
 from tf_ecrec.step.steplog import STALE_SECS, Reconciler
 
@@ -118,7 +117,7 @@ class PSSRecovery:
         self.flash: Any = None  # the job's flash checkpoints (`tf_ecrec.pss.flash.PSSFlash`), restored beyond the code
         self.generation = 0  # the generation this object last set on the logs (`raise_generation`)
         self._stale: FunctionSession | None = None  # the settlement of stale steps (rebuilt after a recovery)
-        self._unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
+        self.unfinished: set[int] = set()  # PS whose re-created variables a cut recovery left unfilled
         self._bookkeeping = {
             name: _read_int(v, 1 if name == "_steps_per_execution" else 0)
             for name in KERAS_BOOKKEEPING if isinstance(v := getattr(model, name, None), tf.Variable)
@@ -163,10 +162,10 @@ class PSSRecovery:
                     raise
                 if time.monotonic() > deadline:
                     raise RecoveryError(
-                        f"the recovery of PS {sorted(self._unfinished)} did not finish within {timeout_secs:.0f}s over "
+                        f"the recovery of PS {sorted(self.unfinished)} did not finish within {timeout_secs:.0f}s over "
                         f"{attempts} attempts; the last failure: {str(exc).splitlines()[0][:200]}; source: PSSRecovery"
                     ) from exc
-                _LOG.warning("a task failed during the recovery of PS %s (%s); starting it over", sorted(self._unfinished),
+                _LOG.warning("a task failed during the recovery of PS %s (%s); starting it over", sorted(self.unfinished),
                              str(exc).splitlines()[0][:200])
                 time.sleep(1.0)
                 continue
@@ -176,7 +175,7 @@ class PSSRecovery:
     def _recover_once(self, started: float, deadline: float, checkpoint: str | None) -> PSSRecoveryResult:
         self._reconnect(max(deadline - time.monotonic(), 0.0))
         reconnected = time.monotonic() - started
-        lost = sorted(set(self.lost_tasks()) | self._unfinished)
+        lost = sorted(set(self.lost_tasks()) | self.unfinished)
         result = PSSRecoveryResult(lost=lost, reconnect_seconds=reconnected)
         if not lost:
             return result
@@ -189,24 +188,24 @@ class PSSRecovery:
         alive = [p for p in range(self.protection.num_ps) if p not in lost]
         # From here the lost PS's variables are re-created and refilled: until the end, they are lost whatever
         # their new anchors say.
-        self._unfinished = set(lost)
+        self.unfinished = set(lost)
         # 3. refuse the steps of the traced step from now on (one still in flight on a worker), then settle
         #    what the failure cut, on the survivors (docs/settlement.md, invariant vi).
-        settle = self._reconciler()
+        settle = self.reconciler()
         self.raise_generation(settle, alive)
         result.settled = settle.built.settle(settle, alive, lost).counts()
         # 4. new variables on the restarted PS, the references re-pointed.
-        replaced = self._replace(lost)
+        replaced = self.replace_lost(lost)
         # 5. rebuild them: the tables in the background (T0 now, before any step) or now.
         rebuild, stats = self._rebuild_tables(lost)
         copy_dense(self.optimizer.protector, replaced)
-        self._resume(settle)
+        self.resume(settle)
         result.variables_rebuilt = len(replaced)
         result.bytes_rebuilt = stats.bytes
         result.step = int(self.optimizer.iterations.numpy())
         result.seconds = time.monotonic() - started
         if rebuild is None:
-            self._unfinished = set()
+            self.unfinished = set()
         else:  # unfinished until every row is installed
             result.rebuilt_in_background, result.rebuild, self.rebuilding = True, rebuild, rebuild
             rebuild.start(lambda done: self._rebuilt(done, result), self.rebuild_walkers)
@@ -224,14 +223,14 @@ class PSSRecovery:
     def _rebuilt(self, rebuild: TableRebuild, result: PSSRecoveryResult) -> None:  # from its last walking thread
         result.bytes_rebuilt = rebuild.bytes
         if self.rebuilding is rebuild:
-            self._unfinished -= set(rebuild.lost)
+            self.unfinished -= set(rebuild.lost)
 
     def wait_rebuilt(self, timeout_secs: float = 600.0) -> bool:
         """Waits for a background rebuild under way; whether no PS is left unfinished (False: stopped, or timed out)."""
         rebuilding = self.rebuilding
         if rebuilding is not None and not rebuilding.wait(timeout_secs):
             return False
-        return not self._unfinished
+        return not self.unfinished
 
     def raise_generation(self, settle: FunctionSession, alive: list[int]) -> int:
         """Sets, on the `alive` logs, one above the highest generation any of them admits (or this object
@@ -242,9 +241,9 @@ class PSSRecovery:
         settle.built.set_generation(settle, alive, self.generation)
         return self.generation
 
-    def _resume(self, settle: FunctionSession | None = None) -> None:
+    def resume(self, settle: FunctionSession | None = None) -> None:
         """Every log at the new generation (a rebuilt PS's fresh one too: `settle`'s handles reach it), the step bound to it."""
-        settle = settle or self._reconciler()
+        settle = settle or self.reconciler()
         settle.built.set_generation(settle, range(self.protection.num_ps), self.generation)
         self.optimizer.protector.bind(self.protection.collections, self.protection.num_ps, self.protection.ec,
                                       self.generation)
@@ -262,7 +261,7 @@ class PSSRecovery:
         traces its step beside this thread: ops made before the trace ended could not finish its folds).
         """
         if self._stale is None or self._stale.built.targets.keys() != self.optimizer.protector.targets.keys():
-            self._stale = self._reconciler()
+            self._stale = self.reconciler()
         report = self._stale.built.settle_stale(self._stale, range(self.protection.num_ps), stale_secs)
         return report.counts() if report is not None else None
 
@@ -338,13 +337,13 @@ class PSSRecovery:
                     )
         for name, primary in protector.protected.items():
             copies = [primary, *protector.replicas[name]]
-            if all(device_task(v.device) in lost for v in copies):
+            if all(ps_index(v.device) in lost for v in copies):
                 raise RecoveryError(f"every copy of {name} was on PS {lost}; rule: one copy must survive; source: the replicas")
         covered = {id(v) for v in self._protection_variables() + self._restartable()}
         for v in self.model.variables:
-            if id(v) not in covered and device_task(v.device) in lost:
+            if id(v) not in covered and ps_index(v.device) in lost:
                 raise RecoveryError(
-                    f"model variable {variable_name(v)} was on lost PS {device_task(v.device)} and no parity or replica "
+                    f"model variable {variable_name(v)} was on lost PS {ps_index(v.device)} and no parity or replica "
                     "covers it (tf_ecrec protects the tables and what the optimizer updates); source: the model"
                 )
 
@@ -360,7 +359,7 @@ class PSSRecovery:
         out += list(protector.protected.values()) + self.optimizer.protection_variables()
         return out
 
-    def _reconciler(self) -> FunctionSession:
+    def reconciler(self) -> FunctionSession:
         protector = self.optimizer.protector
 
         def build() -> Reconciler:
@@ -371,7 +370,7 @@ class PSSRecovery:
 
     # ---- re-creating the lost PS's variables ------------------------------------------------------
 
-    def _replace(self, lost: list[int]) -> dict[int, tuple[tf.Variable, tf.Variable]]:
+    def replace_lost(self, lost: list[int]) -> dict[int, tuple[tf.Variable, tf.Variable]]:
         """New variables for every variable of the `lost` PS; id(old) -> (old, new); references updated."""
         placement = self.protection.placement
         for p in lost:
@@ -380,7 +379,7 @@ class PSSRecovery:
         candidates = self._protection_variables() + self._restartable()
         replaced: dict[int, tuple[tf.Variable, tf.Variable]] = {}
         for old in candidates:
-            p = device_task(old.device)
+            p = ps_index(old.device)
             if p not in lost or id(old) in replaced:
                 continue
             with placement.scope(p):

@@ -68,7 +68,7 @@ class BackgroundRebuild:
         self._wanted: list[Any] = []
         wanted_pairs: list[tuple[Any, Any]] = []
         self._row_bytes: dict[Any, int] = {}
-        for table in rebuilder._tables:
+        for table in rebuilder.tables:
             targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
             if not targets:
                 continue

@@ -44,13 +44,13 @@ import tensorflow as tf
 
 from tf_ecrec.base import unfolded
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.layout.device import variable_name
+from tf_ecrec.layout.device import ps_index, variable_name
 from tf_ecrec.layout.stripe_encoding import row_words, split_row_words
 from tf_ecrec.layout.table_layout import ChunkKind, ChunkSpec
 from tf_ecrec.rebuild.background import WANTED_WAIT_MS, BackgroundRebuild
 from tf_ecrec.rebuild.stripes import CollectionRebuild, RebuildStats
 from tf_ecrec.step import steplog
-from tf_ecrec.step.embedding import EmbeddingCollection, device_task
+from tf_ecrec.step.embedding import EmbeddingCollection
 from tf_ecrec.step.optimizer import ECOptimizer
 
 _LOG = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Rebuilder:
             for p, log in logs.items():
                 with tf.compat.v1.device(log.device):
                     wait[p] = ec_ops.wait_wanted(log, self.wait_ms, name=f"wait_wanted_ps{p}")
-        self._tables = [self.collection_rebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
+        self.tables = [self.collection_rebuild(c, optimizer, slice_bytes, logs, wait) for c in collections]
         self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}  # none in a TF2 function graph
         with tf.name_scope("ec_rebuild"):
             self._alloc = {name: self._zeros_into(v) for name, v in self._variables.items()}
@@ -124,7 +124,7 @@ class Rebuilder:
         from tf_ecrec import ops as ec_ops
 
         groups = []
-        for table in self._tables:
+        for table in self.tables:
             coll = table.coll
             for p, var in sorted(coll.data.items()):
                 groups.append(_Group(table, p, var, tuple(table.layout.chunks_on(p, ChunkKind.DATA))))
@@ -185,7 +185,7 @@ class Rebuilder:
     def _allocate(self, sess: tf.compat.v1.Session, lost: set[int], options: Any) -> RebuildStats:
         """Creates every variable of the `lost` PS as zeros; the stats of a rebuild that starts with it."""
         stats = RebuildStats()
-        allocs = [op for name, op in self._alloc.items() if device_task(self._variables[name].device) in lost]
+        allocs = [op for name, op in self._alloc.items() if ps_index(self._variables[name].device) in lost]
         if allocs:
             sess.run(allocs, options=options)
             stats.session_calls += 1
@@ -202,11 +202,11 @@ class Rebuilder:
         """Allocates and rebuilds every variable of the `lost` PS from the survivors (which must cover them)."""
         lost_set = {int(p) for p in lost}
         stats = self._allocate(sess, lost_set, options)
-        for table in self._tables:
+        for table in self.tables:
             targets = [ch for st in table.layout.stripes for ch in st.chunks if ch.ps in lost_set]
             present = {st.index: {ch.index_in_stripe for ch in st.chunks if ch.ps not in lost_set} for st in table.layout.stripes}
             table.run(sess, targets, present, options, stats)
-        self._copy_dense(sess, lambda v: device_task(v.device) in lost_set, options, stats)
+        self._copy_dense(sess, lambda v: ps_index(v.device) in lost_set, options, stats)
         return stats
 
     def begin_background(self, sess: tf.compat.v1.Session, lost: Iterable[int], options: Any = None) -> BackgroundRebuild:
@@ -225,10 +225,10 @@ class Rebuilder:
         # a new session): the lost dense variables copied from a replica, the other lost variables
         # allocated as zeros, their rows marked pending and the survivors' sources preserved.  No
         # two of these write the same variable, so they need no order among them.
-        ops, copied = self._dense_copy_ops(lambda v: device_task(v.device) in lost_set, stats)
+        ops, copied = self._dense_copy_ops(lambda v: ps_index(v.device) in lost_set, stats)
         ops += [
             op for name, op in self._alloc.items()
-            if device_task(self._variables[name].device) in lost_set and name not in copied
+            if ps_index(self._variables[name].device) in lost_set and name not in copied
         ]
         pairs = []
         for g in self._groups:
@@ -304,7 +304,7 @@ class Rebuilder:
     def reencode(self, sess: tf.compat.v1.Session, options: Any = None) -> RebuildStats:
         """Writes every parity chunk from its stripe's data and every replica from its primary."""
         stats = RebuildStats()
-        for table in self._tables:
+        for table in self.tables:
             targets = list(table.layout.parity_chunks)
             present = {st.index: {ch.index_in_stripe for ch in st.data} for st in table.layout.stripes}
             table.run(sess, targets, present, options, stats)

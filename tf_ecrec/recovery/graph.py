@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_ecrec.layout.device import check_placed, on_ps, ps_device
-from tf_ecrec.step.embedding import device_task
+from tf_ecrec.layout.device import check_placed, on_ps, ps_device, ps_index
 
 INIT_BATCH_BYTES = 256 << 20
 """Bytes of variables initialised per session call at a fresh start: a PS computes initial values for at
@@ -84,7 +83,7 @@ def protected_names(opt: Any, colls: Sequence[Any]) -> set[str]:
 
 def replica_tasks(opt: Any) -> dict[str, list[int]]:
     """Replicated variable name -> the PS tasks of its primary and of each replica."""
-    return {name: [device_task(c.device) for c in [opt.protected[name], *reps]] for name, reps in opt.replicas.items()}
+    return {name: [ps_index(c.device) for c in [opt.protected[name], *reps]] for name, reps in opt.replicas.items()}
 
 
 def checkpoint_step(model_dir: str | None) -> int:

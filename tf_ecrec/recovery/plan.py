@@ -7,25 +7,23 @@ Scaffold's saver ``restore()`` when a checkpoint exists and otherwise its ``init
 ``init_fn`` all lead here, to `RecoveryPlan.prepare`, which inspects what is initialised on the PS
 tasks, asks `tf_ecrec.recovery.decision.decide` what to do (its docstring has the table) and does it.
 
-Initialisation, rebuild, restore and checkpoint saves have `LONG_OP_TIMEOUT_MS` as deadline. By default (``background=True``) the table rows of lost PS are rebuilt while training goes on: once
-settled, the lost variables allocated, their dense variables copied, their table rows marked pending
-and every survivor preserving the rows they decode from, the whole markers are written and trainers
-resume; a lookup of a pending row waits for it and the rebuild installs asked-for rows first
-(`tf_ecrec.rebuild.background.BackgroundRebuild`, docs/rebuild.md). A session re-created before the
-rebuild is done resumes it; a PS lost meanwhile makes the unfinished one count as lost too.
-Checkpoints and the end of training wait for the rebuild.
+Initialisation, rebuild, restore and checkpoint saves have `LONG_OP_TIMEOUT_MS` as deadline. By default
+(``background=True``) lost table rows are rebuilt while training goes on: once settled, the lost variables
+allocated, dense ones copied, table rows marked pending and every survivor preserving the rows they decode
+from, the whole markers are written and trainers resume; a lookup of a pending row waits for it, asked-for
+rows first (`tf_ecrec.rebuild.background.BackgroundRebuild`, docs/rebuild.md). A session re-created before
+the rebuild is done resumes it; a PS lost meanwhile counts the unfinished one as lost too. Checkpoints and
+the end of training wait for the rebuild. Snapshots come from a `SnapshotSource` (flash implements it).
 
-The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost variables are decoded on their
-PS in bounded slices from the surviving stripe members, dense variables copied from a surviving
-replica. No table bytes pass through the chief, no checkpoint is read when parity suffices, and
-surviving PS keep their state. A restore (flash snapshot or checkpoint) is fenced and owes the data
-rollback before it writes (`tf_ecrec.recovery.restore`).
+The chief decides; the bytes move PS to PS (`tf_ecrec.rebuild`): lost variables are decoded on their PS in
+bounded slices from the surviving stripe members, dense ones copied from a surviving replica; no table bytes
+pass through the chief, no checkpoint is read when parity suffices, survivors keep their state. A restore
+(flash snapshot or checkpoint) is fenced and owes the data rollback before it writes (`recovery.restore`).
 
-Workers wait for the chief with a ready op that first waits on every PS (up to `READY_WAIT_SECS`,
-without holding a PS thread) for the marker the chief writes last, and raises ``AbortedError``
-(instead of reporting "not ready") while variables are still missing: their recoverable session then
-checks again at once instead of sleeping the stock 30 seconds, resumes within milliseconds of the
-chief's last write, and gives up with ``DeadlineExceeded`` after `READY_DEADLINE_SECS`.
+Workers wait for the chief with a ready op that first waits on every PS (up to `READY_WAIT_SECS`, holding
+no PS thread) for the marker the chief writes last, and raises ``AbortedError`` (not "not ready") while
+variables are missing: their recoverable session checks again at once instead of sleeping the stock 30 s,
+resumes within milliseconds of the chief's last write, and gives up after `READY_DEADLINE_SECS`.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from typing import Any, cast
 import tensorflow as tf
 
 from tf_ecrec.errors import ConfigError, RecoveryError
+from tf_ecrec.layout.device import ps_index
 from tf_ecrec.rebuild.background import BackgroundRebuild
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES, Rebuilder
 from tf_ecrec.recovery.deadline_session import LONG_OP_TIMEOUT_MS, PROFILE_DIR_ENV, TracingSession
@@ -47,7 +46,8 @@ from tf_ecrec.recovery.decision import Action, decide, unrecoverable_reason
 from tf_ecrec.recovery.graph import checkpoint_step, initialiser_batches, protected_names, replica_tasks, whole_marker
 from tf_ecrec.recovery.restore import fenced_restore
 from tf_ecrec.recovery.result import Listener, Phases, RecoveryMethod, RecoveryResult
-from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context, device_task
+from tf_ecrec.recovery.snapshot_source import SnapshotSource
+from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context
 from tf_ecrec.step.optimizer import ECOptimizer
 from tf_ecrec.step.steplog import Reconciler, SettleReport
 
@@ -134,7 +134,7 @@ class RecoveryPlan:
         else:  # a worker's graph only waits for the chief's (its ready op)
             self.rebuilder, self.reconciler = cast(Rebuilder, _ChiefOnly("rebuilder")), cast(Reconciler, _ChiefOnly("reconciler"))
         self.protected_names = protected_names(optimizer, self._colls)
-        self.flash: Any = None  # tf_ecrec.flash.FlashSnapshots (ec_model_fn): restores prefer its newer snapshots
+        self.flash: SnapshotSource | None = None  # set by ec_model_fn: restores prefer its newer snapshots
         self.build_initialisers()
 
     def build_initialisers(self) -> None:
@@ -169,11 +169,11 @@ class RecoveryPlan:
         initialized = dict(zip((v.op.name for v in self.variables), sess.run(self._initialized)))
         # A PS without its marker is lost even if it holds variables (a rebuild or restore cut mid-way).
         broken = {p for p, marker in self.whole_markers.items() if not initialized[marker.op.name]}
-        missing = [v for v in self.variables if not initialized[v.op.name] or device_task(v.device) in broken]
+        missing = [v for v in self.variables if not initialized[v.op.name] or ps_index(v.device) in broken]
         # A PS whose rows are still pending (a background rebuild cut by this session's creation).
         degraded = self.rebuilder.unfinished(sess, [p for p in self.whole_markers if p not in broken])
         laps.lap("inspect")
-        lost = sorted({device_task(v.device) for v in missing})
+        lost = sorted({ps_index(v.device) for v in missing})
         model_missing = [v for v in missing if v.op.name not in self._marker_names]
         # A PS still being rebuilt holds rows that are not there yet: it is rebuilt again with
         # the lost ones (from the survivors' state now), though its log is alive and settled.
@@ -181,7 +181,8 @@ class RecoveryPlan:
         everything = len(model_missing) == len(self._model_variables)
         unrecoverable = self._unrecoverable(model_missing, rebuilt) if missing else None
         # A flash snapshot is looked for only when a restore may be needed (it reads every PS's manifests).
-        flash = self.flash.choose(sess) if self.flash is not None and (everything or unrecoverable) else None
+        source = self.flash
+        flash = source.choose(sess) if source is not None and (everything or unrecoverable) else None
         action = decide(
             missing=bool(missing),
             everything=everything,
@@ -189,20 +190,19 @@ class RecoveryPlan:
             checkpoint=restore is not None or flash is not None,
             unrecoverable=unrecoverable,
         )
-        if action in (Action.RESTORE, Action.FALLBACK) and flash is not None and (
+        if action in (Action.RESTORE, Action.FALLBACK) and source is not None and flash is not None and (
                 restore is None or flash.global_step >= checkpoint_step(self._model_dir)):
-            fenced_restore(sess, self.reconciler, self.reconciler_ps(), lost, lambda: self.flash.restore(sess, flash, options=self._long),
+            fenced_restore(sess, self.reconciler, self.reconciler_ps(), lost, lambda: source.restore(sess, flash, options=self._long),
                            self._model_dir, flash.global_step, "flash checkpoint", self._graph_generation())
             laps.lap("restore")
             self.rebuilder.clear_views(sess, self.reconciler_ps(), options=self._long)
             self._mark_whole(sess, self.whole_markers if action is Action.RESTORE else lost)
             laps.lap("mark")
-            result = RecoveryResult(RecoveryMethod(flash.method), lost, sum(len(n) for n in self.flash.names.values()),
-                                    sum(self.flash.bytes.values()))
+            result = RecoveryResult(RecoveryMethod(flash.method), lost, sum(len(n) for n in source.names.values()),
+                                    sum(source.bytes.values()))
             return self._done(result, started, sess, laps)
         if action is Action.SETTLE:
-            # Nothing was lost, but a task (the previous chief, say) may have died
-            # mid-step: settle what it left in the logs.
+            # Nothing was lost, but a task (the previous chief, say) may have died mid-step: settle its entries.
             report = self.settle(sess)
             if degraded:
                 _LOG.warning("resuming the background rebuild of PS %s", degraded)

@@ -37,7 +37,7 @@ MAX_PASSES = 5
 
 
 def fenced_restore(sess: tf.compat.v1.Session, reconciler: Reconciler, tasks: Sequence[int], lost: Sequence[int],
-                   write: Callable[[], None], model_dir: str | None, step: int, what: str, generation: int = 0) -> int:
+                   write: Callable[[], object], model_dir: str | None, step: int, what: str, generation: int = 0) -> int:
     """Steps 1-5 of the module docstring, then every log at the highest generation; returns the
     number of steps discarded.
 

@@ -85,12 +85,12 @@ def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: li
                  ) -> tuple[tf.Operation, dict[int, Any], list[Any]]:
     """(train op, counts, what the count ends with) of a batched step: its applies, then its count on the
     global step and its replicas; registers the trainer's `BatchedCommit` with the step's fold round."""
-    assert global_step is not None and opt._ec is not None  # apply_gradients commits in the step without one
-    applies = barrier([a.delta.op for a in applied] + list(after_apply), opt._ec.r + 1, global_step.device, "applied")
-    counts = opt._increment(global_step, applies)
+    assert global_step is not None and opt.ec is not None  # apply_gradients commits in the step without one
+    applies = barrier([a.delta.op for a in applied] + list(after_apply), opt.ec.r + 1, global_step.device, "applied")
+    counts = opt.increment(global_step, applies)
     counted = failpoints.after_count(armed, [g.op for g in counts.values()], sorted({a.device for a in applied}), step_value)
     every, delay = fold_schedule_from_environ()
-    opt.carried_commit = BatchedCommit(opt._sid, build_fold_round(opt, applied, counts, generation), every=every,
+    opt.carried_commit = BatchedCommit(opt.sid, build_fold_round(opt, applied, counts, generation), every=every,
                                        max_delay_secs=delay, generation=generation).register()
     return tf.group(*counted, name="ec_step"), counts, counted
 

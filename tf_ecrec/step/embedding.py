@@ -87,14 +87,6 @@ def current_context(graph: tf.Graph | None = None) -> ECContext | None:
     return items[-1] if items else None
 
 
-def device_task(device: str) -> int:
-    """The PS task index of a device string such as "/job:ps/task:2/device:CPU:0"."""
-    spec = tf.DeviceSpec.from_string(device or "")
-    if spec.job != "ps" or spec.task is None:
-        raise ConfigError(f"device {device!r} is not a PS task; source: variable placement")
-    return int(spec.task)
-
-
 class EmbeddingCollection:
     """Tables of one width, stored erasure-coded across the PS tasks.
 

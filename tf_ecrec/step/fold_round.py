@@ -73,7 +73,7 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
         for tid in sorted(counters):
             target = opt.targets[tid]
             with tf.device(ps_device(target.ps)):
-                counted[tid] = ec_ops.delta_log_counted(opt._log(target.ps), tid)
+                counted[tid] = ec_ops.delta_log_counted(opt.log_of(target.ps), tid)
         gs_ps = opt.targets[min(counters)].ps
         with tf.device(ps_device(gs_ps)):
             counted_everywhere = _intersect(list(counted.values()), "counted_everywhere")
@@ -84,7 +84,7 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
         groups: dict[tuple[int, int], list[_Member]] = collections.defaultdict(list)
         for a in applied:
             with tf.device(a.device):
-                takes[a.tid] = ec_ops.delta_log_take(opt._log(opt.targets[a.tid].ps), a.tid, int(a.delta.shape[1]))
+                takes[a.tid] = ec_ops.delta_log_take(opt.log_of(opt.targets[a.tid].ps), a.tid, int(a.delta.shape[1]))
             for member in _members(opt, a, *takes[a.tid]):
                 groups[opt.targets[a.tid].ps, member.ps].append(member)
         for (data_ps, target_ps), members in sorted(groups.items()):
@@ -96,25 +96,25 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
         for a in applied:
             data_ps = opt.targets[a.tid].ps
             with tf.device(a.device):
-                marks[a.tid] = ec_ops.delta_log_mark_folded(opt._log(data_ps), takes[a.tid][4], presents.get(a.tid, []))
+                marks[a.tid] = ec_ops.delta_log_mark_folded(opt.log_of(data_ps), takes[a.tid][4], presents.get(a.tid, []))
             marks_of[data_ps].append(marks[a.tid])
         gates, ready = {}, {}
         for p in sorted(marks_of):
             with tf.device(ps_device(p)), tf.control_dependencies(marks_of[p]):
                 gates[p] = tf.identity(counted_everywhere, name="counted_gate")
             with tf.device(ps_device(p)):
-                ready[p] = ec_ops.delta_log_ready(opt._log(p), [gates[p]])
+                ready[p] = ec_ops.delta_log_ready(opt.log_of(p), [gates[p]])
         with tf.device(ps_device(gs_ps)):
             ready_everywhere = _intersect(list(ready.values()), "ready_everywhere")
         commits = {}
         for p in sorted(opt.logs):
             with tf.device(ps_device(p)):
-                commits[p] = ec_ops.delta_log_commit_each(opt._log(p), round_id, [ready_everywhere])
+                commits[p] = ec_ops.delta_log_commit_each(opt.log_of(p), round_id, [ready_everywhere])
         pending = tf.compat.v1.placeholder(tf.int64, [None], name="pending_sids")
         with tf.device(ps_device(gs_ps)):
             with tf.control_dependencies(list(commits.values())):
                 query_gate = tf.identity(pending, name="query_gate")
-            flags = ec_ops.delta_log_is_committed(opt._log(gs_ps), query_gate)
+            flags = ec_ops.delta_log_is_committed(opt.log_of(gs_ps), query_gate)
     return FoldRound(pending, flags, round_id, counted, takes, folds, presents, marks, gates, ready, commits,
                      query_gate)
 
@@ -135,7 +135,7 @@ class _Member:
 def _members(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tensor, entry: tf.Tensor,
              sids: tf.Tensor, seqs: tf.Tensor) -> list[_Member]:
     """The folds of data target `a.tid`'s taken entries, one per fold target (a replica, or a parity route)."""
-    plan = opt._fold_plan[a.tid]
+    plan = opt.fold_plan[a.tid]
     if isinstance(plan, ReplicaFolds):
         return [_Member(a.tid, i, opt.targets[rep].ps, rep, opt.targets[rep].variables[0], 1,
                         (rows, delta, entry, sids, seqs)) for i, rep in enumerate(plan.targets)]
@@ -150,7 +150,7 @@ def _members(opt: ECOptimizer, a: AppliedUpdate, rows: tf.Tensor, delta: tf.Tens
     members = []
     for i, (route, (prow, sel_delta, sel_entry)) in enumerate(zip(routes, routed)):
         parity = opt.parity[coll.name][route.ps]
-        ptid = opt._target(variable_name(parity), route.ps, [parity], TargetKind.PARITY)
+        ptid = opt.target_id(variable_name(parity), route.ps, [parity], TargetKind.PARITY)
         members.append(_Member(a.tid, i, route.ps, ptid, parity, route.coef, (prow, sel_delta, sel_entry, sids, seqs)))
     return members
 
@@ -171,7 +171,7 @@ def _send_group(opt: ECOptimizer, data_ps: int, target_ps: int, members: list[_M
         for j, m in enumerate(members):
             r_rows, r_delta, r_entry, r_sids, r_seqs = got[5 * j: 5 * j + 5]
             present.append(ec_ops.parity_fold_batch(
-                m.variable, r_rows, r_delta, r_entry, r_sids, r_seqs, m.coef, opt._log(target_ps), r_id, m.target,
+                m.variable, r_rows, r_delta, r_entry, r_sids, r_seqs, m.coef, opt.log_of(target_ps), r_id, m.target,
                 m.tid))
         answer, answer_specs = wire.pack(present, f"{name}_answer")
     with tf.device(ps_device(data_ps)):

@@ -38,11 +38,11 @@ from tf_ecrec import ops as ec_ops
 from tf_ecrec.base.graph_registry import GraphRegistry
 from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.layout.device import on_ps, ps_device, variable_name
+from tf_ecrec.layout.device import on_ps, ps_device, ps_index, variable_name
 from tf_ecrec.step import failpoints, steplog
 from tf_ecrec.step.batched_commit import BatchedCommit, batched_step
 from tf_ecrec.step.carried_commit import MODES, CarriedCommit, commit_mode_from_environ
-from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context, device_task
+from tf_ecrec.step.embedding import EmbeddingCollection, collections, current_context
 from tf_ecrec.step.optimizer_parts import Deferred, ECOptimizerPart
 from tf_ecrec.step.protection import ProtectionVariables, describe
 from tf_ecrec.step.step_program import (
@@ -117,7 +117,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self.commit_timeout_ms = int(commit_timeout_ms)
         self._base = optimizer
         self.rule = rule or UpdateRule.of(optimizer)
-        self._ec = ec
+        self.ec = ec
         self._bound: Binding | None = None
         self.variables = ProtectionVariables(self.rule)
         # collection -> PS -> parity variable; variable name -> replicas; -> variable (dense ones, the global step)
@@ -125,9 +125,9 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         self.targets: dict[int, Target] = {}  # logged variable groups by id (tf_ecrec.step.steplog)
         self._tid: dict[str, int] = {}
         self.logs: dict[int, tf.Tensor] = {}  # PS task -> delta log handle
-        self._sid: tf.Tensor | None = None
+        self.sid: tf.Tensor | None = None
         self.carried_commit: CarriedCommit | BatchedCommit | None = None  # how the hooks drive a deferred commit
-        self._fold_plan: dict[int, ParityFolds | ReplicaFolds] = {}  # data target id -> how its deltas fold
+        self.fold_plan: dict[int, ParityFolds | ReplicaFolds] = {}  # data target id -> how its deltas fold
         self._collections: dict[str, EmbeddingCollection] = {}
         self.deferred: Deferred | None = None  # with parts: the updates recorded until ec_model_fn builds the step
         self._graph: tf.Graph | None = None  # the graph of the variables above (a bound TF2 step's: eager ones)
@@ -144,7 +144,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     def describe(self) -> dict[str, Any]:
         """What protects what, by variable name (JSON-able; for verification and recovery)."""
-        return describe(self, self._collections, self._ec)
+        return describe(self, self._collections, self.ec)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
         if self._base is None:
@@ -159,14 +159,14 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         ids with an op (a remote worker runs no Python).  `create_variables`
         first: a scheduled function cannot create them.
         """
-        self._ec = ec
+        self.ec = ec
         self._bound = Binding(tuple(collections), int(num_ps), int(generation))
         self._collections = {c.name: c for c in collections}
 
     def create_variables(self, var_list: Sequence[tf.Variable], global_step: tf.Variable | None) -> None:
         """Creates the slots, parity and replicas an update of `var_list` (and a count of `global_step`) needs."""
-        assert self._bound is not None and self._ec is not None, "bind() first"
-        self.variables.create_all(var_list, self._bound.collections, self._ec.r, self._bound.num_ps, global_step)
+        assert self._bound is not None and self.ec is not None, "bind() first"
+        self.variables.create_all(var_list, self._bound.collections, self.ec.r, self._bound.num_ps, global_step)
 
     def get_slot_names(self) -> list[str]:
         return [name for name, _ in self.rule.slots]
@@ -183,13 +183,13 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         if not pairs:
             raise ConfigError("ECOptimizer got no gradients; source: apply_gradients")
         colls = list(self._bound.collections) if self._bound else collections()
-        ec = self._ec or (context.ec if (context := current_context()) else None) or (colls[0].ec if colls else None)
+        ec = self.ec or (context.ec if (context := current_context()) else None) or (colls[0].ec if colls else None)
         if ec is None:
             raise ConfigError(
                 "ECOptimizer needs the erasure code: use it in a model_fn wrapped with tf_ecrec.ec_model_fn "
                 "or pass ec=; source: ECOptimizer"
             )
-        self._ec = ec
+        self.ec = ec
         self._collections = {c.name: c for c in colls}
         self.logs = {}  # handles are per graph: a TF2 step is traced into a new graph each time
         if self._bound is None and self._graph is not (graph := tf.compat.v1.get_default_graph()):
@@ -205,7 +205,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         armed = failpoints.FailpointPlan.from_environ()  # the one read of the environment per step program
         with tf.name_scope(name or self._name):
             # A feedable step id: tests drive a step one op at a time with their own ids.
-            self._sid = tf.compat.v1.placeholder_with_default(new_step_id(generation, in_graph=self._bound is not None), [], name="sid")
+            self.sid = tf.compat.v1.placeholder_with_default(new_step_id(generation, in_graph=self._bound is not None), [], name="sid")
             # Phase 1: every variable's update, each with its bitwise delta.
             applied = []
             for grad, var in pairs:
@@ -215,7 +215,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 else:
                     applied.append(self._apply_replicated(var, grad, step))
             after_apply = failpoints.after_apply(armed, [(a.device, a.delta) for a in applied], step_value)
-            data_ps = sorted({device_task(a.device) for a in applied})
+            data_ps = sorted({ps_index(a.device) for a in applied})
             self.carried_commit = None
             # Batched: a count after the applies, folds in rounds (tf_ecrec.step.batched_commit); without a global step it commits in its run.
             if self._mode(step_context) == "batched" and global_step is not None:
@@ -240,7 +240,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 counts = {}
                 if global_step is not None:
                     hub = global_step.device  # the folds' barrier: one edge per fold, one per count copy
-                    counts = self._increment(global_step, barrier(after_fold, self._ec.r + 1, hub, "folded"))
+                    counts = self.increment(global_step, barrier(after_fold, self.ec.r + 1, hub, "folded"))
                 counted = failpoints.after_count(
                     armed, [g.op for g in counts.values()] or after_fold, sorted({a.device for a in applied}), step_value
                 )
@@ -251,13 +251,13 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                     round1, round2 = commit_rounds(carried, self.logs, data_ps, [], self.commit_timeout_ms)
                     train_op = tf.group(*counted, name="ec_step")
                     tail = tf.group(*[g.op for g in round2.values()], name="ec_carried_commit")
-                    self.carried_commit = CarriedCommit(self._sid, carried, tail).register()
+                    self.carried_commit = CarriedCommit(self.sid, carried, tail).register()
                 else:
-                    round1, round2 = commit_rounds(self._sid, self.logs, data_ps, counted, self.commit_timeout_ms)
+                    round1, round2 = commit_rounds(self.sid, self.logs, data_ps, counted, self.commit_timeout_ms)
                     train_op = tf.group(*[g.op for g in round2.values()], name="ec_commit")
         # The ops ending each phase, for tests that cut a step between phases.
         self.phases = {"apply": tf.group(*[a.delta for a in applied]), "fold": tf.group(*folds), "count": tf.group(*counted)}
-        self.program = StepProgram(sid=self._sid, applies={a.tid: Apply(a.indices, a.delta, a.seq) for a in applied},
+        self.program = StepProgram(sid=self.sid, applies={a.tid: Apply(a.indices, a.delta, a.seq) for a in applied},
                                    folds=fold_ops, counts=counts, round1=round1, round2=round2)
         _PROTECTORS.add(self)
         return train_op
@@ -267,20 +267,20 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         rules, self.variables = self.variables.rules, ProtectionVariables(self.rule)
         self.variables.rules.update(rules)
         self.parity, self.replicas, self.protected = self.variables.parity, self.variables.replicas, self.variables.protected
-        self.targets, self._tid, self._fold_plan, self._graph = {}, {}, {}, graph
+        self.targets, self._tid, self.fold_plan, self._graph = {}, {}, {}, graph
 
     def _mode(self, step_context: Any) -> str:
         """How this step commits: "in_step", "carried" or "batched" (a TF2 step, bound, commits in its run)."""
         mode = "in_step" if self._bound is not None else (self._commit_mode or commit_mode_from_environ())
         return mode or (step_context.commit if step_context is not None else "in_step")
 
-    def _log(self, ps: int) -> tf.Tensor:
+    def log_of(self, ps: int) -> tf.Tensor:
         if ps not in self.logs:
             with on_ps(ps):
                 self.logs[ps] = ec_ops.delta_log(name=f"ec_delta_log_ps{ps}")
         return self.logs[ps]
 
-    def _target(self, name: str, ps: int, variables: list[tf.Variable], kind: TargetKind, source: int = -1) -> int:
+    def target_id(self, name: str, ps: int, variables: list[tf.Variable], kind: TargetKind, source: int = -1) -> int:
         if name not in self._tid:
             tid = len(self._tid)
             self._tid[name] = tid
@@ -289,11 +289,11 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         return self._tid[name]
 
     def _logged(self, ps: int, tid: int, **more: Any) -> dict[str, Any]:
-        return {"log": self._log(ps), "sid": self._sid, "target": tid, **more}
+        return {"log": self.log_of(ps), "sid": self.sid, "target": tid, **more}
 
     def expected_folds(self, tid: int, rows: np.ndarray, delta: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
         """The folds a data update of target `tid` on `rows` causes: (target, rows, delta, coef) each."""
-        return planned_folds(self._fold_plan[tid], lambda coll, ps: self._tid[variable_name(self.parity[coll][ps])], rows, delta)
+        return planned_folds(self.fold_plan[tid], lambda coll, ps: self._tid[variable_name(self.parity[coll][ps])], rows, delta)
 
     def _num_ps(self, var: tf.Variable) -> int:
         return self._bound.num_ps if self._bound is not None else _num_ps(var)
@@ -303,13 +303,13 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
     def _apply_protected(self, coll: EmbeddingCollection, p: int, var: tf.Variable, grad: Any, step: tf.Variable | None) -> AppliedUpdate:
         slots = self.variables.slots_for(var)
         parity = self.variables.parity_for(coll)
-        tid = self._target(variable_name(var), p, [var, *slots], TargetKind.DATA)
-        self._fold_plan[tid] = ParityFolds(coll, p)
+        tid = self.target_id(variable_name(var), p, [var, *slots], TargetKind.DATA)
+        self.fold_plan[tid] = ParityFolds(coll, p)
         indices, values = _dedup(grad, var)
         with tf.device(var.device):
             delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(p, tid))
             with tf.control_dependencies([delta]):
-                seq = ec_ops.delta_log_seq_of(self._log(p), self._sid, tid)
+                seq = ec_ops.delta_log_seq_of(self.log_of(p), self.sid, tid)
 
         def fold() -> list[tf.Operation]:
             updates = []
@@ -320,7 +320,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
                 )
             for route, (prow, sel_delta) in zip(routes, split):
                 target = parity[route.ps]
-                ptid = self._target(variable_name(target), route.ps, [target], TargetKind.PARITY)
+                ptid = self.target_id(variable_name(target), route.ps, [target], TargetKind.PARITY)
                 with tf.device(ps_device(route.ps)):
                     updates.append(
                         ec_ops.parity_update(
@@ -338,23 +338,23 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         if var.shape.rank == 0:
             raise ConfigError(f"ECOptimizer cannot protect the scalar variable {variable_name(var)}; source: the model")
         slots = self.variables.slots_for(var)
-        assert self._ec is not None  # apply_gradients set it
-        replicas = self.replicas.get(variable_name(var)) or self.variables.replicas_for(var, slots, self._ec.r, self._num_ps(var))
-        primary = device_task(var.device)
-        tid = self._target(variable_name(var), primary, [var, *slots], TargetKind.DATA)
-        rep_tids = [self._target(variable_name(r), device_task(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
-        self._fold_plan[tid] = ReplicaFolds(tuple(rep_tids))
+        assert self.ec is not None  # apply_gradients set it
+        replicas = self.replicas.get(variable_name(var)) or self.variables.replicas_for(var, slots, self.ec.r, self._num_ps(var))
+        primary = ps_index(var.device)
+        tid = self.target_id(variable_name(var), primary, [var, *slots], TargetKind.DATA)
+        rep_tids = [self.target_id(variable_name(r), ps_index(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
+        self.fold_plan[tid] = ReplicaFolds(tuple(rep_tids))
         indices, values = _dedup(grad, var)
         dense = not isinstance(grad, tf.IndexedSlices)
         with tf.device(var.device):
             delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(primary, tid))
             with tf.control_dependencies([delta]):
-                seq = ec_ops.delta_log_seq_of(self._log(primary), self._sid, tid)
+                seq = ec_ops.delta_log_seq_of(self.log_of(primary), self.sid, tid)
 
         def fold() -> list[tf.Operation]:
             updates = []
             for replica, rep_tid in zip(replicas, rep_tids):
-                q = device_task(replica.device)
+                q = ps_index(replica.device)
                 rows = all_rows(var, replica.device) if dense else indices
                 with tf.device(replica.device):
                     updates.append(
@@ -368,18 +368,18 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
 
     # ---- the global step ------------------------------------------------------------------
 
-    def _increment(self, global_step: tf.Variable, after: list[Any]) -> dict[int, Gated]:
+    def increment(self, global_step: tf.Variable, after: list[Any]) -> dict[int, Gated]:
         name = variable_name(global_step)
-        assert self._ec is not None  # apply_gradients set it
+        assert self.ec is not None  # apply_gradients set it
         if name not in self.replicas:
-            self.variables.step_replicas(global_step, self._ec.r, self._num_ps(global_step))
+            self.variables.step_replicas(global_step, self.ec.r, self._num_ps(global_step))
         replicas = self.replicas[name]
         ops = {}
         one = tf.constant(1, global_step.dtype.base_dtype)
-        gs_tid = self._target(name, device_task(global_step.device), [global_step], TargetKind.COUNTER)
+        gs_tid = self.target_id(name, ps_index(global_step.device), [global_step], TargetKind.COUNTER)
         for copy in [global_step, *replicas]:
-            q = device_task(copy.device)
-            tid = self._target(variable_name(copy), q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
+            q = ps_index(copy.device)
+            tid = self.target_id(variable_name(copy), q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
             gate = _gate(one, copy.device, after)  # `after`: one barrier op (apply_gradients)
             with tf.device(copy.device):
                 ops[tid] = Gated(gate, ec_ops.assign_add_logged(copy, gate, **self._logged(q, tid)))

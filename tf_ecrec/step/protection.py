@@ -20,9 +20,9 @@ import tensorflow as tf
 
 from tf_ecrec.base import unfolded
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.layout.device import initial_value_of, on_ps, variable_name
+from tf_ecrec.layout.device import initial_value_of, on_ps, ps_index, variable_name
 from tf_ecrec.layout.stripe_encoding import encode_parity_chunk, row_words
-from tf_ecrec.step.embedding import EmbeddingCollection, device_task
+from tf_ecrec.step.embedding import EmbeddingCollection
 from tf_ecrec.step.update_rule import UpdateRule
 
 
@@ -65,7 +65,7 @@ class ProtectionVariables:
         """The slots of `var`, created on its PS on first use."""
         if variable_name(var) not in self.slots:
             slots = []
-            with on_ps(device_task(var.device)):
+            with on_ps(ps_index(var.device)):
                 for slot_name, initial in self.rule_of(var).slots:
                     slots.append(
                         tf.compat.v1.Variable(
@@ -118,7 +118,7 @@ class ProtectionVariables:
         """The `r` replicas of dense `var` and its slots (their words) on the next PS tasks, created on first use."""
         if variable_name(var) in self.replicas:
             return self.replicas[variable_name(var)]
-        primary = device_task(var.device)
+        primary = ps_index(var.device)
         with tf.compat.v1.device(var.device):
             words = row_words([initial_value_of(v) for v in [var, *slots]], int(var.shape[0]))
         replicas = []
@@ -137,7 +137,7 @@ class ProtectionVariables:
         """The `r` replicas of the global step on the next PS tasks, created on first use."""
         name = variable_name(global_step)
         if name not in self.replicas:
-            primary = device_task(global_step.device)
+            primary = ps_index(global_step.device)
             replicas = []
             for j in range(r):
                 with on_ps((primary + 1 + j) % num_ps):

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_ecrec import ops as ec_ops
+from tf_ecrec.layout.table_layout import route_rows
 
 GENERATION_SHIFT = 48
 MAX_GENERATION = (1 << 14) - 1
@@ -160,14 +161,11 @@ def planned_folds(plan: ParityFolds | ReplicaFolds, parity_tid: Callable[[str, i
     them (`parity_tid(collection name, PS)`: the target id of that PS's parity of the collection)."""
     if isinstance(plan, ReplicaFolds):
         return [(rep_tid, rows, delta, 1) for rep_tid in plan.targets]
-    coll, c = plan.coll, plan.coll.chunk_rows
-    lc = rows // c
-    out = []
-    for route in coll.table_layout.fold_routes(plan.ps, coll.code):
-        sel = np.isin(lc, route.local_chunks)
-        if sel.any():
-            out.append((parity_tid(coll.name, route.ps), route.parity_base[lc[sel]] + rows[sel] % c, delta[sel], route.coef))
-    return out
+    coll = plan.coll
+    routes = coll.table_layout.fold_routes(plan.ps, coll.code)
+    bases = np.stack([route.parity_base for route in routes])
+    return [(parity_tid(coll.name, route.ps), prow, delta[at], route.coef)
+            for route, (at, prow) in zip(routes, route_rows(rows, bases, coll.chunk_rows)) if at.size]
 
 
 class Apply(NamedTuple):

@@ -259,12 +259,14 @@ class UpdateRule:
                 var, slots[0], values, indices, lr, h["momentum"], use_nesterov=bool(h["use_nesterov"]), **logged
             )
         if self.kind == RuleKind.RMSPROP:
-            rms = {"rho": h["rho"], "momentum": h["momentum"], "epsilon": h["epsilon"]}
+            rho, momentum, epsilon = h["rho"], h["momentum"], h["epsilon"]
             if h["centered"]:
                 return ec_ops.sparse_apply_centered_rms_prop_with_delta(
-                    var, slots[0], slots[1], slots[2], values, indices, lr, **rms, **logged
+                    var, slots[0], slots[1], slots[2], values, indices, lr, rho=rho, momentum=momentum,
+                    epsilon=epsilon, **logged
                 )
-            return ec_ops.sparse_apply_rms_prop_with_delta(var, slots[0], slots[1], values, indices, lr, **rms, **logged)
+            return ec_ops.sparse_apply_rms_prop_with_delta(var, slots[0], slots[1], values, indices, lr, rho=rho,
+                                                           momentum=momentum, epsilon=epsilon, **logged)
         return ec_ops.sparse_apply_ftrl_with_delta(
             var, slots[0], slots[1], values, indices, lr, l1=h["l1"], l2=h["l2"], lr_power=h["lr_power"],
             l2_shrinkage=h["l2_shrinkage"] if h["l2_shrinkage"] > 0 else None, **logged,
