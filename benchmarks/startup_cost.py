@@ -54,9 +54,9 @@ def graph_cost(ec: str, repeats: int) -> dict:
 
     from tf_ecrec.data.pipeline import StaticShards, make_dataset
     from tf_ecrec.erasure.code import ECConfig
-    from tf_ecrec.launcher.models import load_model, model_params
-    from tf_ecrec.launcher.spec import JobSpec
-    from tf_ecrec.launcher.task import make_source
+    from tf_ecrec.launcher.job.models import load_model, model_params
+    from tf_ecrec.launcher.job.spec import JobSpec
+    from tf_ecrec.launcher.task.entry import make_source
     from tf_ecrec.layout.device import ECDeviceFn
     from tf_ecrec.model_fn import ec_model_fn
 

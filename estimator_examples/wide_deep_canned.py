@@ -27,7 +27,7 @@ DEFAULT_PARAMS: dict[str, Any] = {"table_sizes": [20000] * NUM_CAT, "embedding_d
 
 
 def default_params(**overrides: Any) -> dict[str, Any]:
-    """The canned model's params, the launcher's flags (`tf_ecrec.launcher.models.model_params`) over them."""
+    """The canned model's params, the launcher's flags (`tf_ecrec.launcher.job.models.model_params`) over them."""
     return {**DEFAULT_PARAMS, **{k: v for k, v in overrides.items() if k in DEFAULT_PARAMS}}
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy, values
+from tf_ecrec.launcher.job.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy, values
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -189,8 +189,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 def job_from_args(args: argparse.Namespace) -> Any:
     """The `JobSpec` of parsed ``tf-ecrec run`` arguments (typed errors for bad values)."""
-    from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.kill_spec import parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.job.spec import JobSpec
 
     if args.ec is not None and args.fault_tolerance != "ecrec" and args.storage != "collection":
         # Even --ec 2+1, the default code: a user who names a code expects it to protect something.
@@ -252,7 +252,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_ecrec.launcher.spec import MODELS
+    from tf_ecrec.launcher.job.spec import MODELS
     from tf_ecrec.launcher.supervisor import Supervisor
 
     job = job_from_args(args)
@@ -263,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
         import os
         import sys
 
-        from tf_ecrec.launcher.models import load_model
+        from tf_ecrec.launcher.job.models import load_model
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -307,7 +307,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     from tf_ecrec.check.live_cluster import PsReader, read_manifest
     from tf_ecrec.check.verify import check_parity
-    from tf_ecrec.launcher.model_dir import manifest_file
+    from tf_ecrec.launcher.job.model_dir import manifest_file
 
     manifest = read_manifest(manifest_file(args.model_dir))
     if "ec" not in manifest:

@@ -58,7 +58,7 @@ import tensorflow as tf
 from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.erasure.code import ECConfig, default_code
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.model_dir import manifest_file
+from tf_ecrec.launcher.job.model_dir import manifest_file
 from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, ClusterSource, FileClusterSource
 from tf_ecrec.session.recovery_log import RECOVERY_FILE, RecoveryLog, StepWatch
 

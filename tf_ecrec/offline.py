@@ -23,7 +23,7 @@ from tf_ecrec.check.live_cluster import read_manifest
 from tf_ecrec.cluster.tf_config import tf_config_env
 from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.model_dir import manifest_file
+from tf_ecrec.launcher.job.model_dir import manifest_file
 from tf_ecrec.layout.placement import Layout
 
 

@@ -1,4 +1,4 @@
-"""A user's model module for ``tf-ecrec run --model wide_deep_model`` (the contract: tf_ecrec.launcher.models).
+"""A user's model module for ``tf-ecrec run --model wide_deep_model`` (the contract: tf_ecrec.launcher.job.models).
 
 Wide & Deep on the Criteo layout: one ``[26 * rows, dim]`` table shared by all fields (each field's
 ids offset into it), a 1-D ``[26 * rows]`` table of wide weights, an MLP on the dense features and

@@ -88,7 +88,7 @@ def _assert_exported_model_serves(model_dir, report):
 
 def test_more_lost_ps_than_the_code_covers_restore_from_the_flash_checkpoint_in_memory(tmp_path):
     from tf_ecrec.flash.config import Manifest, shm_root
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.spec import JobSpec
 
     report, err = _run(tmp_path, "--ec", "2+1", "--ps", "3", "--workers", "2", "--steps", "600",
                        "--flash-checkpoint-steps", "100", "--kill", "ps:0@step=250", "--kill", "ps:1@step=250",

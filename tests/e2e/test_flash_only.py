@@ -27,7 +27,7 @@ def test_two_lost_ps_come_back_from_memory_and_a_chief_killed_before_the_rollbac
     """Issue 30, case 1 on the stock flash path: the chief is killed right after the restore, before its data
     rollback reaches the master (failpoint chief_after_restore); the next chief restores nothing and pays it."""
     from tf_ecrec.flash.config import shm_root
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.spec import JobSpec
 
     report, err = _run(tmp_path, "--ps", "3", "--workers", "2", "--steps", "400", "--flash-checkpoint-steps", "100",
                        "--kill", "ps:0@step=250", "--kill", "ps:1@step=250", "--restart-delay", "1",

@@ -4,7 +4,7 @@
   (tf_ecrec.data.stream, tf_ecrec.launcher.stream_feed);
 - every task exit classified in the report: an injected OOM in a PS at its memory cgroup limit comes
   back with a larger limit and is rebuilt from parity; an injected hang in a worker is killed and
-  replaced (tf_ecrec.launcher.diagnosis, exits, memory_limit);
+  replaced (tf_ecrec.launcher.job.diagnosis, exits, memory_limit);
 - nothing skipped or repeated beyond the records in flight across those failures.
 """
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tf_ecrec.launcher.child import command
-from tf_ecrec.launcher.diagnosis import ExitKind, classify
+from tf_ecrec.launcher.job.diagnosis import ExitKind, classify
 from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits
 
 # Allocates `mb` MB in 16 MB touched blocks, then exits 0.

@@ -4,8 +4,8 @@ import pytest
 
 from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env, with_tf_environment
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.launcher.job.spec import JobSpec
 from tf_ecrec.launcher.process_table import ProcessTable
-from tf_ecrec.launcher.spec import JobSpec
 
 TF_CONFIG = {
     "cluster": {

@@ -26,7 +26,7 @@ import pytest
 from harness.k8s_manifests import DEPLOY, OVERLAYS, REPO, Pod, find, job_spec, kubectl, pods, render, tfjob_tf_config
 
 from tf_ecrec.launcher import k8s
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.spec import JobSpec
 
 K8S_VERSION = "1.34.0"  # the newest schema kubernetes-validate==1.34.1 bundles
 KUSTOMIZATIONS = [f"overlays/{o}" for o in OVERLAYS] + ["base", "verify"]

@@ -1,4 +1,4 @@
-"""Why a task ended (`tf_ecrec.launcher.diagnosis`): the classification, the flags, the report's entries."""
+"""Why a task ended (`tf_ecrec.launcher.job.diagnosis`): the classification, the flags, the report's entries."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import textwrap
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.diagnosis import ExitKind, classify, exit_entries, last_traceback, parse_injection
 from tf_ecrec.launcher.events import Event
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.diagnosis import ExitKind, classify, exit_entries, last_traceback, parse_injection
+from tf_ecrec.launcher.job.spec import JobSpec
 
 
 @pytest.mark.parametrize("code, kwargs, kind, words", [

@@ -22,7 +22,7 @@ from tf_ecrec.flash.config import (
     shm_root,
     slot_dir,
 )
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.spec import JobSpec
 
 NAMES = {0: ("a", "b"), 1: ("c",), 2: ("d", "e")}
 

@@ -116,3 +116,28 @@ def test_the_check_catches_a_cycle_through_a_lazy_import_and_ignores_annotations
     typed = live + "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tf_ecrec.check import verify\n"
     assert ["tf_ecrec.check.live_cluster", "tf_ecrec.check.verify"] not in cycles(
         import_graph({"tf_ecrec.check.live_cluster": typed}))
+
+
+def launcher_sides(graph: dict[str, set[str]]) -> list[str]:
+    """Imports across the launcher's sides that the split forbids: `launcher.job` imports nothing else of the
+    launcher, `launcher.task` (what runs in a task process) only `launcher.job`."""
+    allowed = {"tf_ecrec.launcher.job": ("tf_ecrec.launcher.job",),
+               "tf_ecrec.launcher.task": ("tf_ecrec.launcher.job", "tf_ecrec.launcher.task")}
+    found = []
+    for module, deps in sorted(graph.items()):
+        side = next((s for s in allowed if module == s or module.startswith(s + ".")), None)
+        if side is None:
+            continue
+        for dep in sorted(deps):
+            if dep.startswith("tf_ecrec.launcher") and dep != "tf_ecrec.launcher" and not dep.startswith(
+                    tuple(p + "." for p in allowed[side]) + allowed[side]):
+                found.append(f"{module} imports {dep}")
+    return found
+
+
+def test_a_task_process_imports_only_the_job_and_task_sides_of_the_launcher() -> None:
+    assert not launcher_sides(import_graph())
+    entry = (REPO / "tf_ecrec/launcher/task/entry.py").read_text()
+    back = entry + "\n\ndef _back():\n    from tf_ecrec.launcher import supervisor\n    return supervisor\n"
+    assert launcher_sides(import_graph({"tf_ecrec.launcher.task.entry": back})) == [
+        "tf_ecrec.launcher.task.entry imports tf_ecrec.launcher.supervisor"]

@@ -13,7 +13,7 @@ import pytest
 from tf_ecrec.cluster.tf_config import TF_ENVIRONMENT
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.launcher import k8s
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.launcher.job.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tf_ecrec.launcher.faults import FaultSchedule
-from tf_ecrec.launcher.kill_spec import KillSpec
+from tf_ecrec.launcher.job.kill_spec import KillSpec
 
 
 class Clock:

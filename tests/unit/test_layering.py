@@ -170,9 +170,9 @@ def test_imports_run_from_higher_layers_to_lower_ones_only() -> None:
 
 def test_the_checker_catches_an_upward_import_even_inside_a_function() -> None:
     codec = next(s for s in sources() if s.module == "tf_ecrec.erasure.codec")
-    text = "def f():\n    from tf_ecrec.launcher import spec\n    return spec\n"
+    text = "def f():\n    from tf_ecrec.launcher.job import spec\n    return spec\n"
     assert violations(codec, text) == [
-        "tf_ecrec/erasure/codec.py:2: tf_ecrec.erasure.codec (layer 0) imports tf_ecrec.launcher.spec (layer 5)"
+        "tf_ecrec/erasure/codec.py:2: tf_ecrec.erasure.codec (layer 0) imports tf_ecrec.launcher.job.spec (layer 5)"
     ]
     hook = next(s for s in sources() if s.module.startswith("tf_ecrec.hooks."))
     assert any("tf_ecrec.launcher" in v for v in violations(hook, "from ..launcher import spec\n"))

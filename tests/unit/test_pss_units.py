@@ -128,7 +128,7 @@ def test_step_ids_drawn_in_the_graph_differ_and_carry_the_generation() -> None:
     ({"add_workers": (10,)}, "--add-worker"),
 ])
 def test_the_launcher_refuses_what_pss_does_not_support(flags, rule) -> None:
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.spec import JobSpec
 
     base = {"model": "keras_dlrm", "strategy": "pss", "fault_tolerance": "ecrec", "steps": 100}
     with pytest.raises(ConfigError, match="source: --strategy") as info:
@@ -137,8 +137,8 @@ def test_the_launcher_refuses_what_pss_does_not_support(flags, rule) -> None:
 
 
 def test_a_pss_job_has_no_master_and_fits_exactly_its_steps() -> None:
-    from tf_ecrec.launcher.pss_job import _steps_per_epoch
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.spec import JobSpec
+    from tf_ecrec.launcher.task.pss_job import _steps_per_epoch
 
     job = JobSpec(model="keras_dlrm", strategy="pss", fault_tolerance="ecrec", steps=240)
     assert not job.uses_master and job.to_json()["strategy"] == "pss"

@@ -4,8 +4,8 @@ import os
 import pytest
 
 from tf_ecrec.launcher.events import Event
+from tf_ecrec.launcher.job.spec import JobSpec
 from tf_ecrec.launcher.report import build_report, plot_throughput, recovery_entries, steady_rates
-from tf_ecrec.launcher.spec import JobSpec
 
 
 def _events():

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.kill_spec import KillSpec
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.kill_spec import KillSpec
+from tf_ecrec.launcher.job.spec import JobSpec
 
 
 def test_kill_specs_parse_and_print_back():
@@ -77,7 +77,7 @@ def test_table_storage_defaults_to_the_collection_under_ecrec_only_and_takes_the
 
 
 def test_flag_spellings_become_enum_members_and_go_back_to_job_json_as_spellings():
-    from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage
+    from tf_ecrec.launcher.job.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage
 
     job = JobSpec(fault_tolerance="ecrec", optimizer="ftrl", restart_at="new-port", on_corrupt="fail")
     assert job.fault_tolerance is FaultTolerance.ECREC and job.optimizer is Optimizer.FTRL
@@ -114,7 +114,7 @@ def test_json_round_trip(tmp_path):
 
 
 def test_master_kills_and_elastic_flags_parse_and_round_trip(tmp_path):
-    from tf_ecrec.launcher.kill_spec import parse_add_workers, parse_kills, parse_removes
+    from tf_ecrec.launcher.job.kill_spec import parse_add_workers, parse_kills, parse_removes
 
     kills = parse_kills(["master@step=50", "worker:1@step=400"])
     assert [(k.task_type, k.task, str(k)) for k in kills] == [
@@ -163,7 +163,7 @@ def test_master_and_elastic_rules_are_checked_before_anything_starts(kwargs, mes
 
 @pytest.mark.parametrize("text", ["step=", "300", "worker:1@step=3", "step=-1"])
 def test_malformed_add_worker_is_a_config_error(text):
-    from tf_ecrec.launcher.kill_spec import parse_add_workers
+    from tf_ecrec.launcher.job.kill_spec import parse_add_workers
 
     with pytest.raises(ConfigError, match=r"--add-worker .* is malformed; expected step=N"):
         parse_add_workers([text])
@@ -173,7 +173,7 @@ def test_malformed_add_worker_is_a_config_error(text):
 def test_fewer_tables_give_the_model_that_many_and_the_data_all_26_columns(model):
     """--tables N: the built-in models get N table sizes; the data still hashes 26 categoricals, the
     ones no table reads into one row (`data_sizes`); a user module returning another count is refused."""
-    from tf_ecrec.launcher.models import data_sizes, load_model, model_params
+    from tf_ecrec.launcher.job.models import data_sizes, load_model, model_params
 
     pss = {"strategy": "pss", "fault_tolerance": "ecrec"} if model == "keras_dlrm" else {}
     job = JobSpec(model=model, tables=4, table_rows=300, **pss)

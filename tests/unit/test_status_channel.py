@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tf_ecrec.launcher.status import StatusKind, StatusReceiver, StatusSender
+from tf_ecrec.launcher.job.status import StatusKind, StatusReceiver, StatusSender
 
 
 def _receive(receiver: StatusReceiver, count: int) -> list[dict]:

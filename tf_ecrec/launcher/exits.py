@@ -22,7 +22,7 @@
   launcher makes a PS allocate memory until its limit kills it (SIGUSR1, `consume_memory_on_signal`),
   or freezes a trainer (SIGSTOP): the real failure, for tests and drills.
 
-Every exit is classified (`tf_ecrec.launcher.diagnosis.classify`) into an event's ``diagnosis``;
+Every exit is classified (`tf_ecrec.launcher.job.diagnosis.classify`) into an event's ``diagnosis``;
 the report lists them under ``exits``.
 """
 
@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
-import time
 from collections.abc import Collection
 from typing import Any
 
 from tf_ecrec.launcher.cpu_usage import busy_seconds
-from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify, parse_injection
+from tf_ecrec.launcher.job.diagnosis import Diagnosis, ExitKind, classify, parse_injection
 from tf_ecrec.launcher.memory_limit import CgroupMemoryLimits, MemoryLimits
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 from tf_ecrec.launcher.ps_probe import PsProbe, is_hung
@@ -154,25 +152,3 @@ class ExitWatch:
             self._limits.close()
         if self._probe is not None:
             self._probe.close()
-
-
-def consume_memory_on_signal() -> None:
-    """In a PS process: on SIGUSR1, allocate (and touch) memory until the kernel stops the process."""
-    hog: list[bytearray] = []
-
-    def grow() -> None:
-        while True:
-            hog.append(bytearray(16 << 20))  # zero-filled: the pages are touched
-            time.sleep(0.005)
-
-    def on_signal(signum: int, frame: Any) -> None:
-        threading.Thread(target=grow, name="injected-oom", daemon=True).start()
-
-    signal.signal(signal.SIGUSR1, on_signal)
-
-
-def wait_forever(*keep: Any) -> None:
-    """The main thread of a task whose work runs on other threads (`keep`: what they need alive, a
-    server), waiting in Python so that signal handlers run."""
-    while keep is not None:
-        time.sleep(1.0)

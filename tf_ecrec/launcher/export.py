@@ -3,7 +3,7 @@
 The job's model (``job.json``: the model module, its params, the code and the PS count) is built
 by `tf_ecrec.offline_estimator` on this process and exported from the job's latest checkpoint (a
 job with no checkpoint interval saves one at its end: `tf_ecrec.hooks.final_checkpoint`). The
-serving signature takes the model contract's features (`tf_ecrec.launcher.models.load_model`) as
+serving signature takes the model contract's features (`tf_ecrec.launcher.job.models.load_model`) as
 raw tensors, ``dense`` float32 [batch, 13] and ``cat`` int64 [batch, 26], and returns the model's
 predictions; the SavedModel holds TensorFlow's own ops only, and of the protection only the tables'
 data chunks.
@@ -17,9 +17,9 @@ from typing import Any
 from tf_ecrec.data.schema import NUM_CAT, NUM_DENSE
 from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.model_dir import job_file
-from tf_ecrec.launcher.models import load_model, model_params
-from tf_ecrec.launcher.spec import FaultTolerance, JobSpec, Strategy
+from tf_ecrec.launcher.job.model_dir import job_file
+from tf_ecrec.launcher.job.models import load_model, model_params
+from tf_ecrec.launcher.job.spec import FaultTolerance, JobSpec, Strategy
 
 
 def serving_input_receiver_fn() -> Any:

@@ -21,13 +21,13 @@ import signal
 import time
 from typing import Any
 
-from tf_ecrec.launcher.diagnosis import Diagnosis, ExitKind, classify
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import Fault
+from tf_ecrec.launcher.job.diagnosis import Diagnosis, ExitKind, classify
+from tf_ecrec.launcher.job.spec import RestartAt
 from tf_ecrec.launcher.ports import pick_ports
 from tf_ecrec.launcher.process_table import TaskProcess, TaskState
 from tf_ecrec.launcher.run_state import RunState
-from tf_ecrec.launcher.spec import RestartAt
 
 MAX_LOST_RESTARTS = 3
 
@@ -83,7 +83,7 @@ class FaultActions:
 
     def crashed(self, task: TaskProcess, signum: int, diagnosis: dict[str, Any] | None = None) -> None:
         """A task died (a signal, the OOM killer, a failpoint, a hang): restart it, as a pod restart would.
-        `diagnosis`: why (`tf_ecrec.launcher.diagnosis`), with the ``action`` taken."""
+        `diagnosis`: why (`tf_ecrec.launcher.job.diagnosis`), with the ``action`` taken."""
         fault = self._run.faults.unplanned(task.cluster.task_type, task.cluster.task_index, self._run.global_step)
         why = diagnosis["detail"] if diagnosis else f"died from signal {signum}"
         action = diagnosis.get("action", "restarted") if diagnosis else "restarted"

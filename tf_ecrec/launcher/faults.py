@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tf_ecrec.launcher.events import EventKind
-from tf_ecrec.launcher.kill_spec import KillSpec
+from tf_ecrec.launcher.job.kill_spec import KillSpec
 
 
 @dataclasses.dataclass

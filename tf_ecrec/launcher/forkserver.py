@@ -61,7 +61,7 @@ _MAX_REQUEST = 1 << 20
 PRELOAD = (
     "tensorflow",
     "tf_ecrec.ops.loader",
-    "tf_ecrec.launcher.task",
+    "tf_ecrec.launcher.task.entry",
     "tf_ecrec.check.digest",
 )
 

@@ -2,7 +2,7 @@
 
 Every container of the manifests in ``deploy/`` (but the job master's) runs
 this.  It works out the task's TF_CONFIG, runs the task entry
-(``python -m tf_ecrec.launcher.task JOB_JSON``, `tf_ecrec.launcher.task`)
+(``python -m tf_ecrec.launcher.task.entry JOB_JSON``, `tf_ecrec.launcher.task.entry`)
 as its child with that TF_CONFIG in the child's environment, forwards
 SIGTERM and SIGINT to it, and exits with its exit code (``128 + N`` when
 the child died of signal N, as a shell reports it).  This process never
@@ -60,7 +60,7 @@ from typing import Any
 from tf_ecrec.cluster.tf_config import ClusterConfig, with_tf_environment
 from tf_ecrec.errors import ConfigError, EcRecError
 from tf_ecrec.launcher.forked_process import start_child
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.launcher.job.spec import ENV_SPARE_ADDRESS, JobSpec
 from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, FileClusterSource
 
 _LOG = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ ENV_ADDRESS_MAP = "TF_ECREC_K8S_ADDRESS_MAP"
 ENV_PARK = "TF_ECREC_K8S_PARK"
 DEFAULT_PORT = 2222
 ROLES = ("chief", "worker", "ps", "spare")
-TASK_MODULE = "tf_ecrec.launcher.task"
+TASK_MODULE = "tf_ecrec.launcher.task.entry"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,7 @@ def _cluster_ps(environ: Mapping[str, str], num_ps: int) -> list[str | None] | N
 
 
 def _spare_config(ps: Sequence[str | None]) -> dict[str, Any]:
-    # A spare reads its PS count from TF_CONFIG (tf_ecrec.launcher.task.stand_by); a PS that is down
+    # A spare reads its PS count from TF_CONFIG (tf_ecrec.launcher.task.entry.stand_by); a PS that is down
     # in the file gets a placeholder that is never dialled, as stand_by does.
     return {"cluster": {"ps": [a or f"0.0.0.0:{65535 - i}" for i, a in enumerate(ps)]},
             "task": {"type": "ps", "index": 0}}

@@ -11,7 +11,7 @@ A task's state (`TaskState`)::
     RUNNING  -> DONE         a trainer exited 0 (its data is finished)
     RUNNING  -> FAILED       exited with an error code: the run fails
 
-Every process runs ``python -m tf_ecrec.launcher.task job.json``: forked
+Every process runs ``python -m tf_ecrec.launcher.task.entry job.json``: forked
 from the launcher's fork server, TensorFlow already loaded
 (`tf_ecrec.launcher.forkserver`), or, without one, started through
 `tf_ecrec.launcher.child`; either way it dies with the launcher and has its
@@ -32,8 +32,8 @@ from typing import TextIO
 
 from tf_ecrec.cluster.tf_config import ClusterConfig, with_tf_environment
 from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
-from tf_ecrec.launcher.model_dir import job_file, log_file
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, JobSpec
+from tf_ecrec.launcher.job.model_dir import job_file, log_file
+from tf_ecrec.launcher.job.spec import ENV_SPARE_ADDRESS, JobSpec
 
 
 class TaskState(str, enum.Enum):
@@ -144,7 +144,7 @@ class ProcessTable:
         return task
 
     def add_spare(self, address: str) -> TaskProcess:
-        """A spare PS that will stand by at `address` (see `tf_ecrec.launcher.task.stand_by`); not started."""
+        """A spare PS that will stand by at `address` (see `tf_ecrec.launcher.task.entry.stand_by`); not started."""
         ps0 = next(t for t in self.tasks.values() if t.cluster.task_type == "ps")
         spare = TaskProcess(ps0.cluster, spare_address=address, label=f"spare:{self._spare_count}")
         self._spare_count += 1
@@ -182,7 +182,7 @@ class ProcessTable:
         task.log.write(f"==== start {task.name} at {time.strftime('%H:%M:%S')} ====\n")
         task.log.flush()
         with open(os.devnull, "rb") as devnull:
-            task.process = start_process(self.forkserver, "tf_ecrec.launcher.task", [job_file(self.job.model_dir)], env,
+            task.process = start_process(self.forkserver, "tf_ecrec.launcher.task.entry", [job_file(self.job.model_dir)], env,
                                          devnull, task.log, task.log, name=task.name)
         task.state = TaskState.RUNNING
         task.started_at, task.member_since, task.training = now, None, False

@@ -115,8 +115,8 @@ from typing import Any
 
 from tf_ecrec.launcher.autoscaling import scaling_entries
 from tf_ecrec.launcher.data_report import data_section
-from tf_ecrec.launcher.diagnosis import exit_entries
 from tf_ecrec.launcher.events import Event
+from tf_ecrec.launcher.job.diagnosis import exit_entries
 
 _LOG = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any
 from tf_ecrec.launcher.cpu_usage import CpuMeter, cpu_section
 from tf_ecrec.launcher.events import Event, EventKind
 from tf_ecrec.launcher.failure_cost import failure_costs
+from tf_ecrec.launcher.job.spec import JobSpec
 from tf_ecrec.launcher.process_table import TaskProcess
 from tf_ecrec.launcher.report import build_report, plot_throughput, warmup_step
-from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.launcher.trainer_report import trainer_entries
 
 MEMORY_SAMPLE_SECS = 1.0

@@ -13,10 +13,10 @@ from typing import Any
 from tf_ecrec.launcher.console import Console
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.faults import FaultSchedule
+from tf_ecrec.launcher.job.spec import JobSpec
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch
 from tf_ecrec.launcher.process_table import ProcessTable, TaskProcess
 from tf_ecrec.launcher.run_record import RunRecord
-from tf_ecrec.launcher.spec import JobSpec
 from tf_ecrec.session.cluster_source import write_cluster_file
 
 
@@ -63,7 +63,7 @@ class RunState:
         self.event(kind, task.name)
 
     def start_spare(self, address: str) -> None:
-        """Starts a spare PS standing by at `address` (see `tf_ecrec.launcher.task.stand_by`)."""
+        """Starts a spare PS standing by at `address` (see `tf_ecrec.launcher.task.entry.stand_by`)."""
         self.start(self.table.add_spare(address), kind=EventKind.SPARE)
 
     def write_cluster_file(self, down: str | None = None) -> None:

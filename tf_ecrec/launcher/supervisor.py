@@ -3,9 +3,9 @@
 The supervisor (this process; it never imports TensorFlow):
 
 1. validates the job, picks and checks the ports, writes ``<model_dir>/job.json``;
-2. starts every task as ``python -m tf_ecrec.launcher.task job.json`` with its
+2. starts every task as ``python -m tf_ecrec.launcher.task.entry job.json`` with its
    own TF_CONFIG, logs to ``<model_dir>/logs/<type>-<index>.log``;
-3. follows progress on a loopback status channel (`tf_ecrec.launcher.status`),
+3. follows progress on a loopback status channel (`tf_ecrec.launcher.job.status`),
    shows it live, and executes each ``--kill TASK@step=N``: SIGKILL when the
    global step reaches N, restart at the same address after
    ``--restart-delay`` seconds, as a pod restart would;
@@ -66,17 +66,18 @@ from typing import Any, TextIO
 from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import LaunchError
 from tf_ecrec.flash.config import shm_root
-from tf_ecrec.launcher import model_dir
 from tf_ecrec.launcher.autoscaling import AutoScaling, LocalScaler
 from tf_ecrec.launcher.console import Console, progress_line, summary
-from tf_ecrec.launcher.diagnosis import ExitKind, last_traceback
 from tf_ecrec.launcher.digest_reader import DigestReader
 from tf_ecrec.launcher.events import EventKind
 from tf_ecrec.launcher.exits import ExitWatch
 from tf_ecrec.launcher.fault_actions import FaultActions
 from tf_ecrec.launcher.faults import FaultSchedule
 from tf_ecrec.launcher.forkserver import ForkServer
-from tf_ecrec.launcher.master_connection import DATASET, master_environment
+from tf_ecrec.launcher.job import model_dir
+from tf_ecrec.launcher.job.diagnosis import ExitKind, last_traceback
+from tf_ecrec.launcher.job.spec import JobSpec, Strategy
+from tf_ecrec.launcher.job.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
 from tf_ecrec.launcher.master_driver import LEAVE_TIMEOUT_SECS, MasterDriver
 from tf_ecrec.launcher.master_process import MasterProcess, MasterWatch, make_token
 from tf_ecrec.launcher.ports import pick_ports
@@ -84,9 +85,8 @@ from tf_ecrec.launcher.process_table import ProcessTable, TaskState, job_cluster
 from tf_ecrec.launcher.report import preload_plotting
 from tf_ecrec.launcher.run_record import RunRecord, write_report
 from tf_ecrec.launcher.run_state import RunState
-from tf_ecrec.launcher.spec import JobSpec, Strategy
-from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusReceiver
 from tf_ecrec.launcher.stream_feed import StreamFeed
+from tf_ecrec.launcher.task.master_connection import DATASET, master_environment
 from tf_ecrec.master.server import read_token
 from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, write_cluster_file
 
@@ -275,7 +275,7 @@ class Supervisor:
         return {t.name for t in self._run.table.trainers()} - set(data.lease_holders)
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
-        """One status datagram (`tf_ecrec.launcher.status`); True if it shows progress."""
+        """One status datagram (`tf_ecrec.launcher.job.status`); True if it shows progress."""
         kind, task, t = _kind(msg), msg.get("task", "?"), float(msg.get("t", time.time()))
         running = task in self._run.tasks and self._run.tasks[task].state is TaskState.RUNNING
         if running and kind in _SIGNS_OF_LIFE:

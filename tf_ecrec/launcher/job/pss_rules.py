@@ -1,14 +1,14 @@
-"""The flags ``tf-ecrec run --strategy pss`` refuses (`tf_ecrec.launcher.pss_job` says why), checked with the spec."""
+"""The flags ``tf-ecrec run --strategy pss`` refuses (`tf_ecrec.launcher.task.pss_job` says why), checked with the spec."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.choices import FaultTolerance, RestartAt
+from tf_ecrec.launcher.job.choices import FaultTolerance, RestartAt
 
 if TYPE_CHECKING:
-    from tf_ecrec.launcher.spec import JobSpec
+    from tf_ecrec.launcher.job.spec import JobSpec
 
 
 def validate(job: JobSpec) -> None:

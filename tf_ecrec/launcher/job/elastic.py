@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.choices import Strategy
+from tf_ecrec.launcher.job.choices import Strategy
 
 
 def _check(ok: bool, message: str, source: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from tf_ecrec.data.schema import NUM_CAT
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.spec import JobSpec
 
 # The models a job may train, by import path: the launcher imports them only by name (importlib),
 # never statically (tf_ecrec.examples exists only when the package is installed).
@@ -39,7 +39,7 @@ def load_model(name: str, keras: bool = False) -> Any:
     Under ``--strategy pss`` (`keras`), ``keras_model(params)`` replaces
     ``model_fn``: an uncompiled Keras model over those features, its tables
     `tf_ecrec.keras.ECEmbeddings` (the built-in ``tf_ecrec.examples.keras_dlrm``
-    follows it; `tf_ecrec.launcher.pss_job` compiles and trains it).
+    follows it; `tf_ecrec.launcher.task.pss_job` compiles and trains it).
 
     Raises:
       ConfigError: the module cannot be imported or breaks the contract.

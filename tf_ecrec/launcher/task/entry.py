@@ -1,4 +1,4 @@
-"""The entry of one task process of a launched job: ``python -m tf_ecrec.launcher.task JOB_JSON``.
+"""The entry of one task process of a launched job: ``python -m tf_ecrec.launcher.task.entry JOB_JSON``.
 
 The task reads its place in the cluster from TF_CONFIG (set by the launcher,
 or by any TF_CONFIG-driven launcher such as a Kubeflow TFJob), starts its
@@ -34,13 +34,13 @@ from typing import Any
 from tf_ecrec.cluster.ps_session import cluster_server, own_server
 from tf_ecrec.cluster.tf_config import ClusterConfig, tf_config_env
 from tf_ecrec.errors import ConfigError, DataError, EcRecError, RecoveryError
-from tf_ecrec.launcher.exits import consume_memory_on_signal, wait_forever
-from tf_ecrec.launcher.intervals import final_checkpoint_hooks
-from tf_ecrec.launcher.master_connection import ENV_MASTER_ADDRESS, MasterConnection
-from tf_ecrec.launcher.model_dir import manifest_file
-from tf_ecrec.launcher.models import data_sizes, load_model, model_params
-from tf_ecrec.launcher.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec, Strategy
-from tf_ecrec.launcher.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
+from tf_ecrec.launcher.job.intervals import final_checkpoint_hooks
+from tf_ecrec.launcher.job.model_dir import manifest_file
+from tf_ecrec.launcher.job.models import data_sizes, load_model, model_params
+from tf_ecrec.launcher.job.spec import ENV_SPARE_ADDRESS, FaultTolerance, JobSpec, Strategy
+from tf_ecrec.launcher.job.status import ENV_STATUS_ADDRESS, StatusKind, StatusSender
+from tf_ecrec.launcher.task.master_connection import ENV_MASTER_ADDRESS, MasterConnection
+from tf_ecrec.launcher.task.process import consume_memory_on_signal, wait_forever
 from tf_ecrec.session.cluster_source import ENV_CLUSTER_FILE, FileClusterSource, MasterClusterSource
 
 _LOG = logging.getLogger(__name__)
@@ -280,7 +280,7 @@ def run(job: JobSpec, cluster: ClusterConfig) -> None:
 
         load_library()
     if job.strategy is Strategy.PSS:  # TF2 ParameterServerStrategy: servers, and the chief coordinates
-        from tf_ecrec.launcher import pss_job
+        from tf_ecrec.launcher.task import pss_job
 
         if cluster.is_chief:
             pss_job.train(job, cluster, _status_sender(cluster))
@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(argv) != 1:
-        print("usage: python -m tf_ecrec.launcher.task JOB_JSON  (TF_CONFIG in the environment)", file=sys.stderr)
+        print("usage: python -m tf_ecrec.launcher.task.entry JOB_JSON  (TF_CONFIG in the environment)", file=sys.stderr)
         return 2
     cluster: ClusterConfig | None = None
     try:

@@ -33,7 +33,7 @@ from typing import Any
 
 from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError, EcRecError
-from tf_ecrec.launcher.spec import JobSpec
+from tf_ecrec.launcher.job.spec import JobSpec
 
 _LOG = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import signal
 from typing import Any
 
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher.kill_spec import KillSpec
+from tf_ecrec.launcher.job.kill_spec import KillSpec
 
 OOM_MARKERS = ("std::bad_alloc", "MemoryError", "OOM when allocating", "Out of memory", "Cannot allocate memory")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tf_ecrec.errors import ConfigError
 from tf_ecrec.flash.config import FlashConfig
-from tf_ecrec.launcher.choices import FaultTolerance, Strategy
+from tf_ecrec.launcher.job.choices import FaultTolerance, Strategy
 
 
 def _check(ok: bool, message: str, source: str) -> None:

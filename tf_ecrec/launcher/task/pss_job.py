@@ -18,7 +18,7 @@ also appended to ``<model_dir>/recovery.jsonl``.
 Each worker's input is the synthetic records (the same for every worker: the strategy makes one input
 pipeline and runs it on each), written once into ``<model_dir>/input`` and loaded by the pipeline
 (`tf_ecrec.data.saved_shares`).  Not
-supported with ``--strategy pss`` (each refused by `tf_ecrec.launcher.pss_rules.validate`): Criteo
+supported with ``--strategy pss`` (each refused by `tf_ecrec.launcher.job.pss_rules.validate`): Criteo
 files, the job master and its data sharding, elastic workers, spare PS,
 ``--restart-at new-port`` (a survivor PS cannot reach a moved PS:
 `tf_ecrec.pss.recovery`), ``--deterministic``, and protection other than
@@ -36,10 +36,10 @@ from typing import Any
 
 from tf_ecrec.cluster.tf_config import ClusterConfig
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher import model_dir
-from tf_ecrec.launcher.models import data_sizes, load_model, model_params
-from tf_ecrec.launcher.spec import JobSpec
-from tf_ecrec.launcher.status import StatusKind
+from tf_ecrec.launcher.job import model_dir
+from tf_ecrec.launcher.job.models import data_sizes, load_model, model_params
+from tf_ecrec.launcher.job.spec import JobSpec
+from tf_ecrec.launcher.job.status import StatusKind
 
 _LOG = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ A datagram is one JSON object with at least ``kind`` (a `StatusKind` value),
   starts from;
 - ``done``: training ended; ``corrupt_records`` and other totals;
 - ``recovered``/``rebuilding``/``settled``: the chief's recovery of lost PS
-  tasks (`tf_ecrec.launcher.task`);
+  tasks (`tf_ecrec.launcher.task.entry`);
 - ``failover``: a trainer's failover loop changed state (``state``, ``reason``);
 - ``error``: a failure description.
 

@@ -3,7 +3,7 @@
 
 Parsed here, one value at a time, with a message naming the flag; the rules
 that need the whole job (does the task exist, is the step inside the run)
-are `tf_ecrec.launcher.spec.JobSpec`'s.
+are `tf_ecrec.launcher.job.spec.JobSpec`'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The closed sets of the launcher's flags, as enums whose values are the flags' spellings.
 
-`tf_ecrec.cli` offers the values as argparse choices; `tf_ecrec.launcher.spec.JobSpec` holds
+`tf_ecrec.cli` offers the values as argparse choices; `tf_ecrec.launcher.job.spec.JobSpec` holds
 members (a spelling from the command line or job.json becomes one, an unknown one is refused).
 """
 

@@ -14,12 +14,12 @@ from typing import Any, TypeVar
 
 from tf_ecrec.data.schema import NUM_CAT
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.launcher import diagnosis, elastic, intervals
-from tf_ecrec.launcher.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
-from tf_ecrec.launcher.kill_spec import KillSpec
+from tf_ecrec.launcher.job import diagnosis, elastic, intervals
+from tf_ecrec.launcher.job.choices import FaultTolerance, OnCorrupt, Optimizer, RestartAt, Storage, Strategy
+from tf_ecrec.launcher.job.kill_spec import KillSpec
 
 MODELS = ("dlrm", "dcn", "keras_dlrm", "wide_deep_canned")
-# A user's model module (`tf_ecrec.launcher.task.load_model`): a dotted import path.
+# A user's model module (`tf_ecrec.launcher.task.entry.load_model`): a dotted import path.
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -78,7 +78,7 @@ class JobSpec:
     - ``rebuild_slice_mb``: a lost chunk's rows moved per call of a rebuild (`tf_ecrec.rebuild`): the
       bound on its buffers on every PS.  ``rebuild_share``: the fraction of the time a background
       rebuild walks its slices (below 1 it pauses between slices, leaving the machine to training).
-    - ``strategy``: Estimator sessions, or ``pss`` (`tf_ecrec.launcher.pss_job`).
+    - ``strategy``: Estimator sessions, or ``pss`` (`tf_ecrec.launcher.task.pss_job`).
     - ``master=False`` (``--no-master``), and every ``--deterministic`` run,
       keep static round-robin sharding for exactly ``--steps`` steps with no
       master (deterministic runs read step-keyed data, which needs none).
@@ -244,7 +244,7 @@ class JobSpec:
             )
         elastic.validate(self)
         if self.strategy is Strategy.PSS:
-            from tf_ecrec.launcher import pss_rules
+            from tf_ecrec.launcher.job import pss_rules
 
             pss_rules.validate(self)
 
@@ -342,7 +342,7 @@ class JobSpec:
 
     @property
     def worker_slots(self) -> int:
-        """Non-chief worker slots in TF_CONFIG (`tf_ecrec.launcher.elastic.worker_slots`)."""
+        """Non-chief worker slots in TF_CONFIG (`tf_ecrec.launcher.job.elastic.worker_slots`)."""
         return elastic.worker_slots(self)
 
     @property
