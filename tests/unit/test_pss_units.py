@@ -72,7 +72,7 @@ def test_the_partitioner_keeps_every_variable_whole() -> None:
 
 
 def test_protect_refuses_a_strategy_that_is_not_parameter_server() -> None:
-    from tf_ecrec.pss.placement import PSPlacement
+    from tf_ecrec.pss.anchors import PSPlacement
 
     with pytest.raises(ConfigError, match="ParameterServerStrategy"):
         PSPlacement(tf.distribute.get_strategy())
@@ -156,7 +156,7 @@ def test_a_pss_job_has_no_master_and_fits_exactly_its_steps() -> None:
 def test_a_model_not_compiled_with_the_protections_optimizer_is_refused_by_name(optimizer, named) -> None:
     import types
 
-    from tf_ecrec.pss.optimizer import protected_optimizer
+    from tf_ecrec.pss.keras_optimizer import protected_optimizer
 
     with pytest.raises(ConfigError, match=r"protection\.optimizer\(.*source: model\.compile") as info:
         protected_optimizer(types.SimpleNamespace(optimizer=optimizer()), protection=object())

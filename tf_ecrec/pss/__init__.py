@@ -8,9 +8,9 @@ in its scope, compile with `PSSProtection.optimizer`, and train with
 import os
 from typing import Any
 
+from tf_ecrec.pss.anchors import PSPlacement
 from tf_ecrec.pss.fit import FitResult, fit
 from tf_ecrec.pss.partitioner import ECPartitioner
-from tf_ecrec.pss.placement import PSPlacement
 from tf_ecrec.pss.protection import PSSProtection, current_protection, protect
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
@@ -71,7 +71,7 @@ def check_parity(model: Any) -> dict[str, Any]:
     (`tf_ecrec.check.verify.check_parity`): ``mismatches`` and ``replica_mismatches`` are 0 when they are exact."""
     from tf_ecrec.check.verify import check_parity as check
     from tf_ecrec.errors import ConfigError
-    from tf_ecrec.pss.optimizer import protected_optimizer, protected_values
+    from tf_ecrec.pss.keras_optimizer import protected_optimizer, protected_values
 
     with model.distribute_strategy.scope():
         protection = current_protection()

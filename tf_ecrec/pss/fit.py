@@ -41,7 +41,7 @@ from tf_ecrec.flash.config import FlashConfig
 from tf_ecrec.pss.backup import BackUpAtEpochEnd, Backups
 from tf_ecrec.pss.checkpoint import save
 from tf_ecrec.pss.flash import FlashAtSteps, PSSFlash
-from tf_ecrec.pss.optimizer import protected_optimizer
+from tf_ecrec.pss.keras_optimizer import protected_optimizer
 from tf_ecrec.pss.recovery import PSSRecovery, PSSRecoveryResult, is_ps_failure
 
 _LOG = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 
 A partitioner of TensorFlow 2.15 returns shard counts, and shards go to PS
 tasks by a creation counter: it cannot place.  The erasure-coded tables are
-striped by the layout and placed by colocation (`tf_ecrec.pss.placement`),
+striped by the layout and placed by colocation (`tf_ecrec.pss.anchors`),
 so the partitioner never sees them.  Every other variable (the dense
 weights, the optimizer's iteration count) stays whole: the protection
 replicates each dense variable, with its slots, on the ``r`` PS tasks after

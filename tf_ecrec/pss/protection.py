@@ -8,10 +8,10 @@
         model.compile(optimizer=protection.optimizer(tf.keras.optimizers.Adagrad(0.05)), loss=...)
     model.fit(dataset, epochs=..., steps_per_epoch=...)
 
-`protect` makes the per-PS anchors (`tf_ecrec.pss.placement`) and
+`protect` makes the per-PS anchors (`tf_ecrec.pss.anchors`) and
 registers the protection with the strategy: an `ECEmbeddings` layer built
 under that strategy's scope places its data chunks as the layout says and
-joins the protection; the optimizer wrapper (`tf_ecrec.pss.optimizer`)
+joins the protection; the optimizer wrapper (`tf_ecrec.pss.keras_optimizer`)
 creates slots, parity and replicas the same way and applies every update
 through the delta ops, so parity stays exact under asynchronous workers.
 """
@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tf_ecrec.erasure.code import ECConfig, default_code
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.pss.placement import PSPlacement
+from tf_ecrec.pss.anchors import PSPlacement
 from tf_ecrec.step.embedding import EmbeddingCollection
 
 # The protection of each protected strategy (what a layer built under the strategy's scope joins).
@@ -65,8 +65,8 @@ class PSSProtection:
         self.collections.append(collection)
 
     def optimizer(self, optimizer: tf.keras.optimizers.Optimizer, name: str = "ECOptimizerV2") -> Any:
-        """Wraps a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl): see `tf_ecrec.pss.optimizer.ECOptimizerV2`."""
-        from tf_ecrec.pss.optimizer import ECOptimizerV2
+        """Wraps a TF2 Keras optimizer (SGD, Adagrad, Adam, Ftrl): see `tf_ecrec.pss.keras_optimizer.ECOptimizerV2`."""
+        from tf_ecrec.pss.keras_optimizer import ECOptimizerV2
 
         return ECOptimizerV2(optimizer, protection=self, name=name)
 
@@ -77,7 +77,7 @@ def protect(strategy: Any, ec: ECConfig | str | None = None) -> PSSProtection:
     Call once per strategy, before the model is built; a second call returns
     the first protection (a different code is refused).
     """
-    from tf_ecrec.pss.placement import num_ps_of
+    from tf_ecrec.pss.anchors import num_ps_of
 
     if strategy in _PROTECTIONS:
         existing = _PROTECTIONS[strategy]

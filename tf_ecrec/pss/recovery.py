@@ -39,9 +39,9 @@ from tensorflow.python.eager import context
 
 from tf_ecrec.errors import RecoveryError
 from tf_ecrec.layout.device import ps_index, variable_name
+from tf_ecrec.pss.anchors import resolver_of
 from tf_ecrec.pss.function_session import FunctionSession
-from tf_ecrec.pss.optimizer import protected_optimizer
-from tf_ecrec.pss.placement import resolver_of
+from tf_ecrec.pss.keras_optimizer import protected_optimizer
 from tf_ecrec.pss.rebuild import TableRebuild, copy_dense, delta_logs, sync
 from tf_ecrec.pss.repoint import repoint
 from tf_ecrec.rebuild.rebuilder import DEFAULT_SLICE_BYTES

@@ -185,7 +185,7 @@ def _digest(model: Any) -> dict[str, Any]:
     """The parity check and the digest of the model's variables (parity and replicas left out), by name."""
     from tf_ecrec.check.live_cluster import ArrayReader, streamed_digest
     from tf_ecrec.check.verify import check_parity, redundancy_names
-    from tf_ecrec.pss.optimizer import protected_values
+    from tf_ecrec.pss.keras_optimizer import protected_values
 
     meta = model.optimizer.describe()
     arrays = protected_values(model)
