@@ -96,3 +96,21 @@ def test_the_ops_facade_types_exactly_its_lazy_names_from_their_modules() -> Non
         source = (REPO / "tf_ecrec/ops" / f"{module}.py").read_text()
         assert f"def {name}(" in source or f"class {name}" in source or f"\n{name} =" in source or \
             f"\n{name}:" in source, (name, module)
+
+
+def private_aliases(texts: dict[pathlib.Path, str]) -> list[str]:
+    """``from tf_ecrec... import name as _name``: a public helper made to look private where it is used."""
+    found = []
+    for path, text in texts.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tf_ecrec"):
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: {a.name} as {a.asname}" for a in node.names
+                          if a.asname and a.asname.startswith("_") and not a.name.startswith("_")]
+    return found
+
+
+def test_public_helpers_keep_their_names_where_they_are_imported() -> None:
+    assert not private_aliases(_files())
+    texts = _files()
+    texts[REPO / "tf_ecrec/step/optimizer.py"] += "\nfrom tf_ecrec.step.step_program import dedup as _dedup\n"
+    assert len(private_aliases(texts)) == 1

@@ -59,12 +59,12 @@ from tf_ecrec.step.step_program import (
     all_rows,
     barrier,
     commit_rounds,
+    dedup,
+    gate_after,
     new_step_id,
     planned_folds,
+    read_step,
 )
-from tf_ecrec.step.step_program import dedup as _dedup
-from tf_ecrec.step.step_program import gate as _gate
-from tf_ecrec.step.step_program import read_step as _read
 from tf_ecrec.step.update_rule import UpdateRule
 
 _LOG = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
             self._new_graph(graph)  # an Estimator's next graph (another train call, a failover's rebuild)
         owner = {variable_name(v): (c, p) for c in colls for p, v in c.data.items()}
         step = global_step
-        step_value = _read(global_step) if global_step is not None else tf.constant(0, tf.int64)
+        step_value = read_step(global_step) if global_step is not None else tf.constant(0, tf.int64)
         step_context = current_context()
         # The graph's StepGeneration (read at each step: it follows the session); a bound (TF2) step's is fixed.
         generation: int | StepGeneration = step_context.steps if step_context is not None else 0
@@ -305,7 +305,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         parity = self.variables.parity_for(coll)
         tid = self.target_id(variable_name(var), p, [var, *slots], TargetKind.DATA)
         self.fold_plan[tid] = ParityFolds(coll, p)
-        indices, values = _dedup(grad, var)
+        indices, values = dedup(grad, var)
         with tf.device(var.device):
             delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(p, tid))
             with tf.control_dependencies([delta]):
@@ -344,7 +344,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         tid = self.target_id(variable_name(var), primary, [var, *slots], TargetKind.DATA)
         rep_tids = [self.target_id(variable_name(r), ps_index(r.device), [r], TargetKind.REPLICA, tid) for r in replicas]
         self.fold_plan[tid] = ReplicaFolds(tuple(rep_tids))
-        indices, values = _dedup(grad, var)
+        indices, values = dedup(grad, var)
         dense = not isinstance(grad, tf.IndexedSlices)
         with tf.device(var.device):
             delta = self.variables.rule_of(var).apply(var, slots, values, indices, step, self._logged(primary, tid))
@@ -380,7 +380,7 @@ class ECOptimizer(tf.compat.v1.train.Optimizer):
         for copy in [global_step, *replicas]:
             q = ps_index(copy.device)
             tid = self.target_id(variable_name(copy), q, [copy], TargetKind.COUNTER, -1 if copy is global_step else gs_tid)
-            gate = _gate(one, copy.device, after)  # `after`: one barrier op (apply_gradients)
+            gate = gate_after(one, copy.device, after)  # `after`: one barrier op (apply_gradients)
             with tf.device(copy.device):
                 ops[tid] = Gated(gate, ec_ops.assign_add_logged(copy, gate, **self._logged(q, tid)))
         return ops

@@ -206,7 +206,7 @@ class StepProgram:
     round2: dict[int, Gated]
 
 
-def gate(value: tf.Tensor, device: str, after: list[Any]) -> tf.Tensor:
+def gate_after(value: tf.Tensor, device: str, after: list[Any]) -> tf.Tensor:
     """`value` on `device` once `after` ran: what an op of a later phase reads (see apply_gradients)."""
     with tf.device(device), tf.control_dependencies(after):
         return tf.identity(value, name="gate")
@@ -228,13 +228,13 @@ def commit_rounds(sid: tf.Tensor, logs: dict[int, tf.Tensor], data_ps: list[int]
     hub = logs[data_ps[0]].device if data_ps else None
     after = barrier(after, len(data_ps), hub, "counted") if hub else after
     for p in data_ps:
-        g = gate(sid, logs[p].device, after)
+        g = gate_after(sid, logs[p].device, after)
         with tf.device(logs[p].device):  # where it runs anyway: a barrier after it then stays on the PS
             round1[p] = Gated(g, ec_ops.delta_log_commit_in_order(logs[p], g, timeout_ms=timeout_ms))
     round2 = {}
     done = barrier([r.op for r in round1.values()], len(logs), hub, "round1_done") if hub else []
     for p, log in sorted(logs.items()):
-        g = gate(sid, log.device, done)
+        g = gate_after(sid, log.device, done)
         with tf.device(log.device):
             round2[p] = Gated(g, ec_ops.delta_log_commit(log, g))
     return round1, round2
