@@ -95,6 +95,31 @@ def test_combining_with_the_decoding_coefficients_is_the_codecs_decode(k, r):
                 np.testing.assert_array_equal(got, chunks[index])
 
 
+def test_a_combine_that_reuses_its_first_part_changes_no_tensor_another_op_reads():
+    # CombineRows starts from a part with coefficient 1 and, when nothing else holds that part's buffer, XORs
+    # the others into it in place. A part read by two combines (the synchronous rebuild's slices feed every
+    # chunk of their stripe) and fetched as well must come out unchanged, as must the caller's fed arrays.
+    rng = np.random.default_rng(3)
+    a, b, c = (_random_words(rng, (5, 4)) for _ in range(3))
+    kept = [a.copy(), b.copy(), c.copy()]
+    graph = tf.Graph()
+    with graph.as_default():
+        fed = [V1.placeholder(tf.int32, [None, None]) for _ in range(3)]
+        parts = [tf.bitwise.bitwise_xor(f, 0) for f in fed]  # computed in the graph: buffers TF owns
+        both = [ec_ops.combine_rows(np.array([1, 1, 0], np.int32), parts),
+                ec_ops.combine_rows(np.array([1, 0, 1], np.int32), parts)]
+        alone = ec_ops.combine_rows(np.array([1, 1, 1], np.int32), [tf.bitwise.bitwise_xor(f, 0) for f in fed])
+    with V1.Session(graph=graph) as sess:
+        got = sess.run({"both": both, "parts": parts, "alone": alone}, dict(zip(fed, (a, b, c))))
+    np.testing.assert_array_equal(got["both"][0], a ^ b)
+    np.testing.assert_array_equal(got["both"][1], a ^ c)
+    np.testing.assert_array_equal(got["alone"], a ^ b ^ c)
+    for part, want in zip(got["parts"], kept):
+        np.testing.assert_array_equal(part, want)
+    for array, want in zip((a, b, c), kept):
+        np.testing.assert_array_equal(array, want)
+
+
 def test_decoding_coefficients_of_a_parity_from_the_data_are_its_encoding():
     code = codec.Code(3, 2)
     for p in range(code.r):

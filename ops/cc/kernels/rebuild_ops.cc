@@ -98,13 +98,29 @@ class CombineRowsOp : public OpKernel {
     OP_REQUIRES(ctx, shape_of != nullptr,
                 errors::InvalidArgument("every coefficient is 0: nothing to "
                                         "combine"));
+    // The output starts as a part whose coefficient is 1: that part's own buffer when nothing else holds
+    // it (a slice received from a survivor: no new buffer, no pages to fault in and clear, one pass fewer),
+    // else a copy of it; zeros only when no coefficient is 1.
+    int first = -1;
+    for (int j = 0; j < n_ && first < 0; ++j) {
+      if (coefs(j) == 1) first = j;
+    }
     Tensor* out = nullptr;
-    EC_REQUIRES_OK(ctx, ctx->allocate_output(0, shape_of->shape(), &out));
+    if (first >= 0) {
+      EC_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({1 + first}, 0, shape_of->shape(), &out));
+    } else {
+      EC_REQUIRES_OK(ctx, ctx->allocate_output(0, shape_of->shape(), &out));
+    }
     int32_t* dst = out->flat<int32>().data();
     const int64_t n = out->NumElements();
-    std::memset(dst, 0, n * sizeof(int32_t));
+    if (first < 0) {
+      std::memset(dst, 0, n * sizeof(int32_t));
+    } else {
+      const int32_t* src = ctx->input(1 + first).flat<int32>().data();
+      if (src != dst) std::memcpy(dst, src, n * sizeof(int32_t));
+    }
     for (int j = 0; j < n_; ++j) {
-      if (coefs(j) == 0) continue;
+      if (coefs(j) == 0 || j == first) continue;
       const int32_t* src = ctx->input(1 + j).flat<int32>().data();
       if (coefs(j) == 1) {
         for (int64_t i = 0; i < n; ++i) dst[i] ^= src[i];
