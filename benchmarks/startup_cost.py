@@ -54,11 +54,11 @@ def graph_cost(ec: str, repeats: int) -> dict:
 
     from tf_ecrec.data.pipeline import StaticShards, make_dataset
     from tf_ecrec.erasure.code import ECConfig
+    from tf_ecrec.estimator.model_fn import ec_model_fn
     from tf_ecrec.launcher.job.models import load_model, model_params
     from tf_ecrec.launcher.job.spec import JobSpec
     from tf_ecrec.launcher.task.entry import make_source
     from tf_ecrec.layout.device import ECDeviceFn
-    from tf_ecrec.model_fn import ec_model_fn
 
     job = JobSpec(fault_tolerance="ecrec", model_dir="/tmp/tf_ecrec_startup_cost", table_rows=2000, embedding_dim=8,
                   ec=ec, ps=k + r)

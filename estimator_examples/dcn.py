@@ -266,7 +266,7 @@ def make_estimator(run_config: tf.estimator.RunConfig, params: dict[str, Any]) -
                 "make_estimator needs the erasure code itself in params['ec'] (e.g. '2+1'); True means 'the code "
                 "of an outer tf_ecrec.ec_model_fn'; source: params['ec']"
             )
-        from tf_ecrec.model_fn import ec_model_fn
+        from tf_ecrec.estimator.model_fn import ec_model_fn
 
         fn = ec_model_fn(model_fn, ECConfig.parse(params["ec"], source="params['ec']"))
     return tf.estimator.Estimator(model_fn=fn, params=params, config=run_config)

@@ -29,14 +29,14 @@ from tf_ecrec.errors import EcRecError
 from tf_ecrec.version import __version__
 
 _LAZY = {
-    "ec_model_fn": ("tf_ecrec.model_fn", "ec_model_fn"),
+    "ec_model_fn": ("tf_ecrec.estimator.model_fn", "ec_model_fn"),
     "EmbeddingCollection": ("tf_ecrec.step.embedding", "EmbeddingCollection"),
     "ECOptimizer": ("tf_ecrec.step.optimizer", "ECOptimizer"),
     "ECDeviceFn": ("tf_ecrec.layout.device", "ECDeviceFn"),
     "EmbeddingTable": ("tf_ecrec.step.embedding_table", "EmbeddingTable"),
-    "train": ("tf_ecrec.estimator_job", "train"),
-    "train_and_evaluate": ("tf_ecrec.estimator_job", "train_and_evaluate"),
-    "offline_estimator": ("tf_ecrec.offline", "offline_estimator"),
+    "train": ("tf_ecrec.estimator.job", "train"),
+    "train_and_evaluate": ("tf_ecrec.estimator.job", "train_and_evaluate"),
+    "offline_estimator": ("tf_ecrec.estimator.offline", "offline_estimator"),
 }
 
 __all__ = ["ECConfig", "EcRecError", "__version__", *_LAZY]

@@ -19,10 +19,10 @@ from tf_ecrec.check.verify import check_parity
 from tf_ecrec.cluster.tf_config import tf_config_env
 from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.estimator.model_fn import ec_model_fn
 from tf_ecrec.hooks.manifest import VariableManifestHook
 from tf_ecrec.layout.placement import Layout
 from tf_ecrec.layout.table_layout import ChunkKind
-from tf_ecrec.model_fn import ec_model_fn
 
 ps_cluster = tf_cluster(num_ps=3)
 USERS, ITEMS, BATCH = 500, 97, 32

@@ -30,12 +30,12 @@ from tf_ecrec.data.pipeline import BATCH_RECORDS_COLLECTION, StaticShards, make_
 from tf_ecrec.data.synthetic import SyntheticCriteo
 from tf_ecrec.erasure.code import ECConfig
 from tf_ecrec.errors import ConfigError
+from tf_ecrec.estimator.model_fn import ec_model_fn
 from tf_ecrec.examples import dcn
 from tf_ecrec.hooks.manifest import VariableManifestHook
 from tf_ecrec.keras import ECEmbedding, ECEmbeddings, ECKerasOptimizer
 from tf_ecrec.launcher.job.models import data_sizes
 from tf_ecrec.layout.device import ECDeviceFn
-from tf_ecrec.model_fn import ec_model_fn
 from tf_ecrec.step.embedding import ECContext, set_context
 
 ps_cluster = tf_cluster(num_ps=3)

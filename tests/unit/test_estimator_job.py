@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tf_ecrec
 from tf_ecrec.errors import ConfigError
-from tf_ecrec.estimator_job import default_code
+from tf_ecrec.estimator.job import default_code
 
 
 def _estimator(tmp_path):

@@ -39,7 +39,7 @@ def job_estimator(model_dir: str) -> Any:
     """
     import tensorflow as tf
 
-    from tf_ecrec.offline import offline_estimator
+    from tf_ecrec.estimator.offline import offline_estimator
 
     path = job_file(model_dir)
     if not os.path.exists(path):

@@ -1,6 +1,6 @@
 """The chief's record of every recovery: one JSON line per recovery in ``<model_dir>/recovery.jsonl``.
 
-`RecoveryLog` is the recovery listener the protected Estimator job (`tf_ecrec.estimator_job`) and the
+`RecoveryLog` is the recovery listener the protected Estimator job (`tf_ecrec.estimator.job`) and the
 launcher's task entry give the chief; `StepWatch` notes the global step before a failure, so that an entry
 says how many steps a restore rolled back; `read_recovery_log` reads the file back (the launcher's report).
 """

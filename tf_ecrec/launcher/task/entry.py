@@ -174,7 +174,7 @@ def train(job: JobSpec, cluster: ClusterConfig, master: MasterConnection | None 
                                   listeners=master.flash_listeners() if master is not None else ())
     elif job.fault_tolerance is FaultTolerance.ECREC:
         from tf_ecrec.erasure.code import ECConfig
-        from tf_ecrec.model_fn import ec_model_fn
+        from tf_ecrec.estimator.model_fn import ec_model_fn
 
         params["ec"] = True
         model_fn = ec_model_fn(model_fn, ECConfig.parse(job.ec), recovery_listener=recovery,

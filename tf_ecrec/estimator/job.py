@@ -110,7 +110,7 @@ class _Job:
         if self.cluster is not None and self.cluster.is_chief:
             listener = RecoveryLog(os.path.join(estimator.model_dir, RECOVERY_FILE), self.cluster.task, self.watch,
                                    then=recovery_listener)
-        from tf_ecrec.model_fn import ec_model_fn
+        from tf_ecrec.estimator.model_fn import ec_model_fn
 
         self.model_fn = ec_model_fn(estimator.model_fn, self.ec, recovery_listener=listener,
                                     rebuild_slice_bytes=self.rebuild_slice_bytes, rebuild_share=rebuild_share,

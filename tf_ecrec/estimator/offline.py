@@ -39,7 +39,7 @@ def offline_estimator(estimator: tf.estimator.Estimator, *, ec: ECConfig | None 
       ConfigError: no code or PS count given and the manifest cannot be read or has none (a model dir
         not trained with protection), or a code that does not fit the PS count.
     """
-    from tf_ecrec.model_fn import ec_model_fn
+    from tf_ecrec.estimator.model_fn import ec_model_fn
 
     if not isinstance(estimator, (tf.estimator.Estimator, tf.compat.v1.estimator.Estimator)):  # canned v1 classes too
         raise ConfigError(f"estimator={estimator!r}; rule: a tf.estimator.Estimator or tf.compat.v1.estimator.Estimator; "
