@@ -40,6 +40,18 @@ def beyond_the_code_restores_the_flash_snapshot_case() -> None:
             complete_at_kill: list[int] = []
             after_restore: dict[str, np.ndarray] = {}
             started = fit_started()
+            killed = threading.Event()
+
+            class HoldUntilKilled(tf.keras.callbacks.Callback):
+                """Holds training at the end of the fifth of six epochs until the kill (bounded): on a loaded
+                machine the snapshots' writes lag the steps (a round is not due while the last one is being
+                written), and a job that ended before its second snapshot was complete would be killed after
+                it, with nothing to recover. The writes go on while training waits here."""
+
+                def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                    if epoch == 4 and not killed.wait(90):
+                        raise AssertionError("the kill did not come within 90 s of the fifth epoch's end")
+
             with tempfile.TemporaryDirectory() as tmp:
                 flash = FlashConfig(every_steps=EVERY, shm_dir=os.path.join(tmp, "shm"), persist_every=2)
 
@@ -50,6 +62,7 @@ def beyond_the_code_restores_the_flash_snapshot_case() -> None:
                     complete_at_kill.extend(step for _, step in recovery.flash.snapshots)
                     cluster.kill("ps", 1)
                     cluster.kill("ps", 2)
+                    killed.set()
                     time.sleep(0.5)
                     cluster.restart("ps", 1)
                     cluster.restart("ps", 2)
@@ -61,7 +74,7 @@ def beyond_the_code_restores_the_flash_snapshot_case() -> None:
                 thread.start()
                 # The listener reads every value while the round has training paused (the coordinator joined).
                 result = tf_ecrec.pss.fit(model, _data(tf), epochs=6, steps_per_epoch=10, verbose=0, timeout_secs=120,
-                                          recovery=recovery, callbacks=[started], on_recovery=on_recovery, flash=flash,
+                                          recovery=recovery, callbacks=[started, HoldUntilKilled()], on_recovery=on_recovery, flash=flash,
                                           flash_dir=os.path.join(tmp, "job"),
                                           flash_listeners=[lambda step: captured.setdefault(step, _values(model))])
                 thread.join(timeout=60)
