@@ -52,8 +52,6 @@ PRESETS = {
     "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
-    # Folds batched, without the peek before a due round (TF_ECREC_FOLD_PEEK=0): every due round runs.
-    "ecrec-2+1-no-peek": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.session.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
@@ -63,8 +61,6 @@ PRESETS = {
 def _commit_env(name: str) -> dict | None:
     """TF_ECREC_COMMIT for a preset named ...-in-step, ...-carried or ...-batched (None: the default commit);
     ...-batched-N folds every N steps of a trainer (a returned step waiting at most N / 16 s)."""
-    if name.endswith("-no-peek"):
-        return {"TF_ECREC_FOLD_PEEK": "0"}
     base, _, every = name.rpartition("-") if name.rpartition("-")[2].isdigit() else (name, "", "")
     for mode in ("in-step", "carried", "batched"):
         if base.endswith(f"-{mode}"):

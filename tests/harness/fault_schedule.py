@@ -307,7 +307,6 @@ class _Worker:
     carried: _Step | None = None  # returned, its commit runs with the worker's next step (not durable yet)
     returned: list[_Step] = dataclasses.field(default_factory=list)  # batched: returned, not durable yet
     round: Any = None  # batched: the fold round the worker's run is (harness.fold_rounds.Round)
-    peeked: bool = False  # batched: it peeked since its last returned step (its next due round runs)
 
 
 @dataclasses.dataclass
@@ -320,8 +319,6 @@ class Stats:
     steps_returned: int = 0
     returned_not_durable: int = 0
     fold_rounds: int = 0
-    peeks: int = 0  # a worker asked every PS, without a round, which of its steps are committed
-    peeks_durable: int = 0  # steps such peeks found committed on every PS (acknowledged)
     steps_failed: int = 0
     worker_kills: int = 0
     ps_kills: int = 0
@@ -570,10 +567,6 @@ class Sequence:
     def _advance_round(self, worker: _Worker) -> None:
         """One op of the worker's fold round; the query ends it, and the steps it found durable are OK."""
         fr = self.rig.fold_round
-        if worker.round is None and not worker.peeked and self.rng.random() < 0.5:
-            self._peek(worker)  # as BatchedCommit.after_return may before a due round
-            return
-        worker.peeked = False
         if worker.round is None:
             round_id = (worker.generation << GENERATION_SHIFT) | secrets.randbits(GENERATION_SHIFT)
             worker.round = fold_rounds.new_round(self.rng, fr, [s.sid for s in worker.returned], round_id)
@@ -608,28 +601,6 @@ class Sequence:
             self.stats.steps_ok += 1
         worker.returned = [s for s in worker.returned if s.sid not in done]
 
-    def _peek(self, worker: _Worker) -> None:
-        """One op: the worker asks every PS which of its returned steps it has committed (`committed_on`);
-        the ones committed on every PS are acknowledged, as `BatchedCommit.peek` does."""
-        fr = self.rig.fold_round
-        worker.peeked = True
-        self.stats.actions += 1
-        sids = [s.sid for s in worker.returned]
-        try:
-            flags = self.sess.run(list(fr.committed_on.values()), {fr.peek_sids: np.array(sids, np.int64)},
-                                  options=tf.compat.v1.RunOptions(timeout_in_ms=ACTION_TIMEOUT_MS))
-        except tf.errors.DeadlineExceededError:
-            self.stats.violations.append(f"seed {self.seed}: a peek hung")
-            return
-        self.stats.peeks += 1
-        everywhere = np.logical_and.reduce([np.asarray(f, bool) for f in flags]) if sids else []
-        done = {sid for sid, flag in zip(sids, everywhere) if flag}
-        for step in [s for s in worker.returned if s.sid in done]:
-            self.ok.add(step.sid)
-            self.stats.steps_ok += 1
-            self.stats.peeks_durable += 1
-        worker.returned = [s for s in worker.returned if s.sid not in done]
-
     def _end_run(self, worker: _Worker) -> None:
         """The worker's run ended OK if its step and the commit it carried are done."""
         if (worker.step is not None and worker.step.actions) or (worker.carried is not None and worker.carried.actions):
@@ -640,8 +611,7 @@ class Sequence:
             worker.carried = None
         if worker.step is None:
             return
-        if self.batched:  # returned; a fold round (or a peek after another worker's round) makes it durable
-            worker.peeked = False
+        if self.batched:  # returned; a fold round makes it durable
             worker.returned.append(worker.step)
             self.stats.steps_returned += 1
         elif worker.step.commit:  # returned; the next run carries its commit

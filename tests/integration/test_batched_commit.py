@@ -9,7 +9,6 @@ are acknowledged to the master only once it is durable.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tensorflow as tf
-from harness import fold_rounds
 from integration.tf_cluster import tf_cluster
 
 import tf_ecrec
@@ -133,52 +131,6 @@ def test_two_trainers_rounds_overlap_and_every_fold_is_written_once(cluster) -> 
         result = check_parity(parts["opt"].describe(), sess.run(parts["variables"]))
         assert result["mismatches"] == 0 and result["replica_mismatches"] == 0
         assert int(sess.run(tf.compat.v1.train.get_global_step(trainers["chief"][0]))) == 50
-    finally:
-        for s in sessions.values():
-            s.close()
-
-
-def test_a_peek_finds_steps_another_trainers_round_committed_everywhere_and_skips_the_round(cluster) -> None:
-    """A round folds and commits every trainer's steps; the trainer whose steps it committed then peeks
-    (`BatchedCommit.peek`) instead of running its own round. A step counts as durable only once it is
-    committed on every PS: with the other trainer's round cut after its commit on one PS, the peek finds
-    nothing; once every PS has committed, it finds them all."""
-    cluster.reset()
-    trainers = {job: _graph(job) for job in ("chief", "worker")}
-    for _, parts in trainers.values():
-        parts["commit"].every, parts["commit"].max_delay = 4, 3600.0
-    sessions = {job: tf.compat.v1.Session(cluster.target(job), graph=graph) for job, (graph, _) in trainers.items()}
-    rng = np.random.default_rng(11)
-    try:
-        sessions["chief"].run(trainers["chief"][1]["init"])
-        worker, chief = trainers["worker"][1], trainers["chief"][1]
-        for _ in range(3):  # returned, not due yet
-            worker["commit"].run(sessions["worker"], worker["train"], {worker["ids"]: _batch(rng)})
-        assert worker["commit"].pending_count() == 3 and worker["commit"].rounds == 0
-        # The chief's round, one op at a time, cut after its commit on a single PS.
-        fr = chief["commit"].round
-        rnd = fold_rounds.new_round(np.random.default_rng(0), fr, [], secrets.randbits(48))
-        committed_first = None
-        for kind, arg in rnd.actions:
-            if kind == "commit":
-                committed_first = arg
-                fold_rounds.run_action(sessions["chief"], fr, rnd, kind, arg, None)
-                break
-            fold_rounds.run_action(sessions["chief"], fr, rnd, kind, arg, None)
-        assert committed_first is not None
-        assert worker["commit"].peek(sessions["worker"]) == 0, "a step committed on one PS only was acknowledged"
-        for p in fr.commits:
-            if p != committed_first:
-                fold_rounds.run_action(sessions["chief"], fr, rnd, "commit", p, None)
-        # The worker's fourth step makes a round due: its peek finds the first three committed everywhere,
-        # which leaves it under `every`, so it runs no round of its own.
-        worker["commit"].run(sessions["worker"], worker["train"], {worker["ids"]: _batch(rng)})
-        assert worker["commit"].rounds == 0 and worker["commit"].durable == 3
-        assert worker["commit"].pending_count() == 1 and worker["commit"].peeks == 2
-        assert worker["commit"].flush(sessions["worker"]) and worker["commit"].durable == 4
-        sess = sessions["chief"]
-        result = check_parity(chief["opt"].describe(), sess.run(chief["variables"]))
-        assert result["mismatches"] == 0 and result["replica_mismatches"] == 0
     finally:
         for s in sessions.values():
             s.close()

@@ -59,16 +59,10 @@ BOUND_FACTOR = 4
 """Returned steps not durable, past which a trainer folds before its next step: this times `every`."""
 WAIT_SECS = 30.0
 """How long a trainer over its bound runs rounds before it gives its session up."""
-PEEK_MISSES = 3
-"""Peeks in a row that found no step durable, after which a trainer stops peeking before its rounds ..."""
-PEEK_PAUSE = 16
-"""... for this many due rounds, then peeks again (another trainer may have joined)."""
 
 
 ENV_EVERY = "TF_ECREC_FOLD_EVERY"
 ENV_DELAY = "TF_ECREC_FOLD_DELAY_SECS"
-ENV_PEEK = "TF_ECREC_FOLD_PEEK"
-"""``0`` turns peeks off (every due round runs): a benchmark's comparison, not a mode to run in."""
 
 
 def fold_schedule_from_environ() -> tuple[int, float]:
@@ -97,8 +91,7 @@ def batched_step(opt: ECOptimizer, applied: list[AppliedUpdate], after_apply: li
     counted = failpoints.after_count(armed, [g.op for g in counts.values()], sorted({a.device for a in applied}), step_value)
     every, delay = fold_schedule_from_environ()
     opt.carried_commit = BatchedCommit(opt.sid, build_fold_round(opt, applied, counts, generation), every=every,
-                                       max_delay_secs=delay, generation=generation,
-                                       peek=os.environ.get(ENV_PEEK, "1").strip() != "0").register()
+                                       max_delay_secs=delay, generation=generation).register()
     return tf.group(*counted, name="ec_step"), counts, counted
 
 
@@ -113,7 +106,7 @@ class BatchedCommit:
 
     def __init__(self, sid: tf.Tensor, fold_round: FoldRound, every: int = EVERY,
                  max_delay_secs: float = MAX_DELAY_SECS, bound: int | None = None,
-                 wait_secs: float = WAIT_SECS, generation: int | StepGeneration = 0, peek: bool = True) -> None:
+                 wait_secs: float = WAIT_SECS, generation: int | StepGeneration = 0) -> None:
         self.sid = sid
         self._generation = generation if isinstance(generation, StepGeneration) else StepGeneration(generation)
         self._fed = 0  # the id fed to the run in flight
@@ -133,11 +126,6 @@ class BatchedCommit:
         self.durable = 0
         self.lost = 0
         self.rounds = 0
-        self.peeks = 0
-        self.peek_durable = 0  # steps peeks found durable (another trainer's round committed them)
-        self._peek = peek
-        self._peek_misses = 0
-        self._peek_skipped = 0
 
     def register(self, graph: tf.Graph | None = None) -> BatchedCommit:
         from tf_ecrec.step.carried_commit import register  # pylint: disable=import-outside-toplevel
@@ -171,11 +159,8 @@ class BatchedCommit:
             return len(self._pending) >= self.every or time.monotonic() - oldest >= self.max_delay
 
     def after_return(self, session: Any) -> None:
-        """The trainer's run returned: a round if one is due (unless a peek finds that another trainer's round
-        made enough of its steps durable already); rounds until under the bound if over it."""
+        """The trainer's run returned: a round if one is due; rounds until under the bound if over it."""
         if not self.due():
-            return
-        if self._peek_worth_it() and self.peek(session) and not self.due():
             return
         self.fold(session)
         deadline = time.monotonic() + self.wait_secs
@@ -212,42 +197,6 @@ class BatchedCommit:
             self._resolve(durable, durable=True)
             self._resolve(lost, durable=False)
             return len(durable)
-
-    def peek(self, session: Any, timeout_ms: int = 30000) -> int:
-        """Asks every PS, without a round, which of this trainer's pending steps it has committed; resolves the
-        ones committed on every PS as durable (another trainer's round, which folds and commits every trainer's
-        steps, committed them) and returns how many.
-
-        Committed on every PS, not on one: a round commits on each PS on its own, and settlement keeps a step
-        committed on any PS that is alive, so a step is safe to acknowledge once no single PS's loss can take
-        its commit away.  One small call (a flag per step from each PS) where a round is four partitions.
-        """
-        with self._lock:
-            runs = list(self._pending)
-            sids = [self._pending[r][0] for r in runs]
-        if not sids:
-            return 0
-        flags = session.run(list(self.round.committed_on.values()), {self.round.peek_sids: np.array(sids, np.int64)},
-                            options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
-        everywhere = np.logical_and.reduce([np.asarray(f, bool) for f in flags])
-        durable = [run for run, flag in zip(runs, everywhere) if flag]
-        self.peeks += 1
-        self.peek_durable += len(durable)
-        self._peek_misses = 0 if durable else self._peek_misses + 1
-        self._resolve(durable, durable=True)
-        return len(durable)
-
-    def _peek_worth_it(self) -> bool:
-        """Peek before a due round unless the last `PEEK_MISSES` peeks found nothing (a lone trainer's steps are
-        committed by its own rounds only); then try again after `PEEK_PAUSE` due rounds."""
-        if not self._peek:
-            return False
-        if self._peek_misses < PEEK_MISSES:
-            return True
-        self._peek_skipped += 1
-        if self._peek_skipped >= PEEK_PAUSE:
-            self._peek_skipped, self._peek_misses = 0, PEEK_MISSES - 1
-        return False
 
     def _resolve(self, runs: list[int], durable: bool) -> None:
         if not runs:
@@ -309,8 +258,6 @@ class BatchedCommit:
                          exc.message.splitlines()[0] if exc.message else type(exc).__name__)
             self.reset()
             return False
-        _LOG.info("fold rounds: %d; peeks: %d, which found %d of %d durable steps", self.rounds, self.peeks,
-                  self.peek_durable, self.durable)
         return True
 
     # ---- what the record reports read --------------------------------------------------------------------

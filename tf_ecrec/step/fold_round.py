@@ -37,8 +37,7 @@ class FoldRound:
     committed there) read every `ready`; `committed` reads `query_gate` (the pending ids, after every
     commit).  The folds and commits read `round_id`, a fresh id carrying the trainer's generation: a PS
     that admits only later generations refuses a round of a trainer that has not followed the cluster
-    (Aborted).  `committed_on` (PS -> flags, reading `peek_sids`) asks every PS, without a round, which
-    steps it has committed: a step committed on every PS is durable (`BatchedCommit.peek`).
+    (Aborted).
 
     What crosses tasks is packed (`tf_ecrec.step.wire`): the inputs of every fold from one data PS into one
     target PS (every variable's, every route's) go as one transfer and their answers come back as one, so
@@ -59,8 +58,6 @@ class FoldRound:
     ready: dict[int, tf.Tensor]
     commits: dict[int, tf.Tensor]
     query_gate: tf.Tensor
-    peek_sids: tf.Tensor
-    committed_on: dict[int, tf.Tensor]
 
 
 def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: dict[int, Any],
@@ -118,15 +115,8 @@ def build_fold_round(opt: ECOptimizer, applied: list[AppliedUpdate], counters: d
             with tf.control_dependencies(list(commits.values())):
                 query_gate = tf.identity(pending, name="query_gate")
             flags = ec_ops.delta_log_is_committed(opt.log_of(gs_ps), query_gate)
-        # A peek without a round (`BatchedCommit.peek`): which steps are committed on every PS already (another
-        # trainer's round committed them); one small call instead of a round's four partitions.
-        peek_sids = tf.compat.v1.placeholder(tf.int64, [None], name="peek_sids")
-        committed_on = {}
-        for p in sorted(opt.logs):
-            with tf.device(ps_device(p)):
-                committed_on[p] = ec_ops.delta_log_is_committed(opt.log_of(p), peek_sids)
     return FoldRound(pending, flags, round_id, counted, takes, folds, presents, marks, gates, ready, commits,
-                     query_gate, peek_sids, committed_on)
+                     query_gate)
 
 
 @dataclasses.dataclass(frozen=True)
