@@ -94,178 +94,68 @@ _LAZY = {
 
 __all__ = [*_LAZY]
 
-if TYPE_CHECKING:  # the same names, typed for mypy (tests/unit/test_ops_facade.py keeps the two in step)
+if TYPE_CHECKING:  # the same names, typed for mypy (tests/unit/test_owners.py keeps the two in step)
     from tf_ecrec.ops.apply import (
-        lazy_adam_learning_rate as lazy_adam_learning_rate,
-    )
-    from tf_ecrec.ops.apply import (
-        sparse_apply_adagrad_with_delta as sparse_apply_adagrad_with_delta,
-    )
-    from tf_ecrec.ops.apply import (
-        sparse_apply_adam_with_delta as sparse_apply_adam_with_delta,
-    )
-    from tf_ecrec.ops.apply import (
-        sparse_apply_ftrl_with_delta as sparse_apply_ftrl_with_delta,
-    )
-    from tf_ecrec.ops.apply import (
-        sparse_apply_sgd_with_delta as sparse_apply_sgd_with_delta,
+        lazy_adam_learning_rate,
+        sparse_apply_adagrad_with_delta,
+        sparse_apply_adam_with_delta,
+        sparse_apply_ftrl_with_delta,
+        sparse_apply_sgd_with_delta,
     )
     from tf_ecrec.ops.apply_momentum import (
-        sparse_apply_centered_rms_prop_with_delta as sparse_apply_centered_rms_prop_with_delta,
-    )
-    from tf_ecrec.ops.apply_momentum import (
-        sparse_apply_momentum_with_delta as sparse_apply_momentum_with_delta,
-    )
-    from tf_ecrec.ops.apply_momentum import (
-        sparse_apply_rms_prop_with_delta as sparse_apply_rms_prop_with_delta,
+        sparse_apply_centered_rms_prop_with_delta,
+        sparse_apply_momentum_with_delta,
+        sparse_apply_rms_prop_with_delta,
     )
     from tf_ecrec.ops.batched_fold import (
-        delta_log_commit_each as delta_log_commit_each,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        delta_log_counted as delta_log_counted,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        delta_log_is_committed as delta_log_is_committed,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        delta_log_mark_folded as delta_log_mark_folded,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        delta_log_ready as delta_log_ready,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        delta_log_take as delta_log_take,
-    )
-    from tf_ecrec.ops.batched_fold import (
-        parity_fold_batch as parity_fold_batch,
+        delta_log_commit_each,
+        delta_log_counted,
+        delta_log_is_committed,
+        delta_log_mark_folded,
+        delta_log_ready,
+        delta_log_take,
+        parity_fold_batch,
     )
     from tf_ecrec.ops.delta_log_ops import (
-        DEFAULT_DELTA_LOG_NAME as DEFAULT_DELTA_LOG_NAME,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        DELTA_LOG_COMMITTED_CAPACITY as DELTA_LOG_COMMITTED_CAPACITY,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        assign_add_logged as assign_add_logged,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log as delta_log,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_commit as delta_log_commit,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_commit_in_order as delta_log_commit_in_order,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_drop as delta_log_drop,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_fence as delta_log_fence,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_pending as delta_log_pending,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_read as delta_log_read,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_seq_of as delta_log_seq_of,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_set_generation as delta_log_set_generation,
-    )
-    from tf_ecrec.ops.delta_log_ops import (
-        delta_log_undo as delta_log_undo,
+        DEFAULT_DELTA_LOG_NAME,
+        DELTA_LOG_COMMITTED_CAPACITY,
+        assign_add_logged,
+        delta_log,
+        delta_log_commit,
+        delta_log_commit_in_order,
+        delta_log_drop,
+        delta_log_fence,
+        delta_log_pending,
+        delta_log_read,
+        delta_log_seq_of,
+        delta_log_set_generation,
+        delta_log_undo,
     )
     from tf_ecrec.ops.loader import (
-        BUILD_INFO_NAME as BUILD_INFO_NAME,
+        BUILD_INFO_NAME,
+        LIBRARY_DIR,
+        LIBRARY_NAME,
+        OP_NAMES,
+        BuildInfo,
+        check_build_info,
+        load_library,
+        read_build_info,
     )
-    from tf_ecrec.ops.loader import (
-        LIBRARY_DIR as LIBRARY_DIR,
-    )
-    from tf_ecrec.ops.loader import (
-        LIBRARY_NAME as LIBRARY_NAME,
-    )
-    from tf_ecrec.ops.loader import (
-        OP_NAMES as OP_NAMES,
-    )
-    from tf_ecrec.ops.loader import (
-        BuildInfo as BuildInfo,
-    )
-    from tf_ecrec.ops.loader import (
-        check_build_info as check_build_info,
-    )
-    from tf_ecrec.ops.loader import (
-        load_library as load_library,
-    )
-    from tf_ecrec.ops.loader import (
-        read_build_info as read_build_info,
-    )
-    from tf_ecrec.ops.log_snapshot import (
-        DeltaLogEntry as DeltaLogEntry,
-    )
-    from tf_ecrec.ops.log_snapshot import (
-        DeltaLogSnapshot as DeltaLogSnapshot,
-    )
-    from tf_ecrec.ops.log_snapshot import (
-        EntryKind as EntryKind,
-    )
-    from tf_ecrec.ops.log_snapshot import (
-        as_words as as_words,
-    )
-    from tf_ecrec.ops.log_snapshot import (
-        parse_delta_log as parse_delta_log,
-    )
-    from tf_ecrec.ops.parity import (
-        parity_update as parity_update,
-    )
-    from tf_ecrec.ops.parity import (
-        route_deltas as route_deltas,
-    )
+    from tf_ecrec.ops.log_snapshot import DeltaLogEntry, DeltaLogSnapshot, EntryKind, as_words, parse_delta_log
+    from tf_ecrec.ops.parity import parity_update, route_deltas
     from tf_ecrec.ops.recovery_view import (
-        await_rebuilt_rows as await_rebuilt_rows,
+        await_rebuilt_rows,
+        install_row_words,
+        preserve_end,
+        preserve_ranges,
+        read_preserved_row_words,
+        rebuild_begin_pending,
+        rebuild_forget_pending,
+        recovery_view_stats,
+        wait_wanted,
+        wanted_rows,
     )
-    from tf_ecrec.ops.recovery_view import (
-        install_row_words as install_row_words,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        preserve_end as preserve_end,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        preserve_ranges as preserve_ranges,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        read_preserved_row_words as read_preserved_row_words,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        rebuild_begin_pending as rebuild_begin_pending,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        rebuild_forget_pending as rebuild_forget_pending,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        recovery_view_stats as recovery_view_stats,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        wait_wanted as wait_wanted,
-    )
-    from tf_ecrec.ops.recovery_view import (
-        wanted_rows as wanted_rows,
-    )
-    from tf_ecrec.ops.row_words import (
-        combine_rows as combine_rows,
-    )
-    from tf_ecrec.ops.row_words import (
-        read_row_words as read_row_words,
-    )
-    from tf_ecrec.ops.row_words import (
-        write_row_words as write_row_words,
-    )
-    from tf_ecrec.ops.row_words import (
-        xor_rows as xor_rows,
-    )
+    from tf_ecrec.ops.row_words import combine_rows, read_row_words, write_row_words, xor_rows
 
 
 def __getattr__(name: str) -> Any:
