@@ -15,19 +15,14 @@ import ast
 import collections
 import pathlib
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-ROOTS = (REPO / "tf_ecrec", REPO / "hooks")
-SKIP = ("tf_ecrec/master/proto", "tf_ecrec/hooks", "tf_ecrec/examples")
+from test_layering import REPO, sources
+
+# Generated code and the example models are not the package's own design.
+SKIP = ("tf_ecrec.master.proto", "tf_ecrec.examples")
 
 
 def _files() -> dict[pathlib.Path, str]:
-    out = {}
-    for root in ROOTS:
-        for path in sorted(root.rglob("*.py")):
-            rel = str(path.relative_to(REPO))
-            if not rel.startswith(SKIP):
-                out[path] = path.read_text()
-    return out
+    return {s.path: s.path.read_text() for s in sources() if not s.module.startswith(SKIP)}
 
 
 def private_reaches(texts: dict[pathlib.Path, str]) -> list[str]:
