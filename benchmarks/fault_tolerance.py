@@ -47,15 +47,29 @@ PRESETS = {
     "ecrec-2+1-batched-8": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # a round every 8 steps (0.5 s at most)
     "ecrec-2+1-batched-16": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # every 16 steps (1 s at most)
     "ecrec-2+1-batched-32": ["--fault-tolerance", "ecrec", "--ec", "2+1"],  # every 32 steps (2 s at most)
+    "ecrec-4+1-batched-64": ["--fault-tolerance", "ecrec", "--ec", "4+1"],  # every 64 steps (4 s at most)
     # The other commit modes (TF_ECREC_COMMIT): in the step's own run (the default before 2026-11-28),
     # and carried by the trainer's next run.
     "ecrec-2+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
     "ecrec-4+1-in-step": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     "ecrec-2+1-carried": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    # TensorFlow's own thread pools on every PS (TF_ECREC_PS_THREADS=default), where the launcher sizes them to
+    # each PS's share of the host's CPUs (tf_ecrec.cluster.threads; since 2026-12-02).
+    "none-tf-threads": ["--fault-tolerance", "none"],
+    "ecrec-2+1-tf-threads": ["--fault-tolerance", "ecrec", "--ec", "2+1"],
+    "ecrec-4+1-tf-threads": ["--fault-tolerance", "ecrec", "--ec", "4+1"],
     # The killed PS comes back at a new port; the trainers fail over to it (tf_ecrec.session.failover).
     "ckpt-100-moved": ["--fault-tolerance", "checkpoint", "--checkpoint-steps", "100", "--restart-at", "new-port"],
     "ecrec-2+1-moved": ["--fault-tolerance", "ecrec", "--ec", "2+1", "--restart-at", "new-port"],
 }
+
+
+def _preset_env(name: str) -> dict | None:
+    """What a preset adds to the environment: ...-tf-threads, TensorFlow's thread pools on every PS; else
+    `_commit_env`'s."""
+    if name.endswith("-tf-threads"):
+        return {"TF_ECREC_PS_THREADS": "default"}
+    return _commit_env(name)
 
 
 def _commit_env(name: str) -> dict | None:
@@ -79,7 +93,7 @@ def run_one(name: str, common: list[str], out_dir: str, index: int, storage: str
     if "ecrec" not in flags:
         flags = [*flags, "--storage", storage]
     report = launched_job.run([*common, *flags], model_dir, name,
-                              env=_commit_env(name))
+                              env=_preset_env(name))
     print(f"  {name} #{index}: {report['samples_per_sec']:,.0f} samples/s", file=sys.stderr)
     return report
 

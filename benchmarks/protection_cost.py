@@ -67,6 +67,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_ecrec
+from tf_ecrec.cluster.threads import ENV_TASKS_PER_HOST, ps_thread_pools
 from tf_ecrec.layout.device import ECDeviceFn
 
 TABLES = 26
@@ -80,7 +81,11 @@ def _servers(num_ps: int) -> tuple[dict[str, list[str]], list[tf.distribute.Serv
     for s in socks:
         s.close()
     spec = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
-    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(num_ps)]
+    # The PS servers' thread pools sized as a launched job's are (tf_ecrec.cluster.threads): here num_ps + 1
+    # servers share this host.  TF_ECREC_PS_THREADS=default keeps TensorFlow's sizing.
+    pools = ps_thread_pools({**os.environ, ENV_TASKS_PER_HOST: str(num_ps + 1)})
+    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i, config=pools.config() if pools else None)
+               for i in range(num_ps)]
     servers.append(tf.distribute.Server(spec, job_name="worker", task_index=0))
     return spec, servers
 

@@ -9,6 +9,9 @@ from harness.cli_run import cli
 from harness.records import assert_every_record_in_model
 from harness.serving import serve_without_tf_ecrec, sha256
 
+from tf_ecrec.cluster.threads import ENV_TASKS_PER_HOST, ps_thread_pools
+from tf_ecrec.launcher.job.model_dir import log_file
+
 SMALL = ["--table-rows", "2000", "--embedding-dim", "8", "--quiet"]
 
 
@@ -164,6 +167,12 @@ def test_a_spare_ps_takes_a_killed_ps_role_at_once_and_every_trainer_follows_it(
     print(f"ps:2 killed {seconds:.1f} s after its last answer; training s lost per failure: "
           f"{[r['training_seconds_lost'] for r in report['recovery']]}")
     _assert_exported_model_serves(tmp_path, report)  # the model trained through both moves, served
+    # Every PS and spare sized its thread pools to its share of this host's CPUs: 3 PS, 2 trainers, 1 spare.
+    want = ps_thread_pools({ENV_TASKS_PER_HOST: "6"})
+    for name in ("ps:0", "ps:1", "spare:0", "spare:3"):
+        with open(log_file(str(tmp_path), name), encoding="utf-8") as fh:
+            pools = re.findall(r"PS thread pools: (\d+) intra-op, (\d+) inter-op \(.*, (\d+) tasks on this host\)", fh.read())
+        assert pools and all(p == (str(want.intra), str(want.inter), "6") for p in pools), (name, pools, want)
 
 
 def test_a_sequence_of_failures_with_three_asynchronous_workers_ends_exact_and_whole(tmp_path):

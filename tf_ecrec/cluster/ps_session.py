@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tf_ecrec.cluster.tf_config import ClusterConfig
+from tf_ecrec.cluster.threads import ENV_PS_THREADS, ENV_TASKS_PER_HOST, ps_thread_pools
 from tf_ecrec.errors import ClusterUnavailable, ConfigError
 
 _LOG = logging.getLogger(__name__)
@@ -57,17 +58,19 @@ def fast_reconnect() -> None:
     os.environ.setdefault("GRPC_FAIL_FAST", "true")
 
 
-def own_server(address: str) -> Any:
+def own_server(address: str, ps: bool = False) -> Any:
     """A TensorFlow server at `address`, booted as a one-task job of its own (`SERVER_JOB`).
 
-    Its sessions reach other tasks through the cluster they carry (`propagated_config`).
+    Its sessions reach other tasks through the cluster they carry (`propagated_config`).  `ps`: a PS's
+    server (a spare's), its thread pools sized by `tf_ecrec.cluster.threads`.
     """
     import tensorflow as tf
 
     fast_reconnect()
 
     return tf.distribute.Server(
-        tf.train.ClusterSpec({SERVER_JOB: [address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc", start=True
+        tf.train.ClusterSpec({SERVER_JOB: [address]}), job_name=SERVER_JOB, task_index=0, protocol="grpc",
+        config=_ps_config() if ps else None, start=True,
     )
 
 
@@ -189,7 +192,8 @@ def wait_until_serving(tasks: Mapping[str, str], timeout_secs: float, source: st
 
 def cluster_server(cluster: ClusterConfig) -> Any:
     """This task's TensorFlow server as a member of the whole cluster (a PS task's), started, with the job's gRPC
-    options set first (`start_server` is a trainer's, a job of its own)."""
+    options set first (`start_server` is a trainer's, a job of its own); a PS's thread pools sized by
+    `tf_ecrec.cluster.threads`."""
     import tensorflow as tf
 
     fast_reconnect()  # before the server makes its first channel
@@ -199,5 +203,19 @@ def cluster_server(cluster: ClusterConfig) -> Any:
         job_name=cluster.task_type,
         task_index=cluster.task_index,
         protocol="grpc",
+        config=_ps_config() if cluster.task_type == "ps" else None,
         start=True,
     )
+
+
+def _ps_config() -> Any:
+    """A PS server's default session config: its thread pools (None: TensorFlow's sizing), logged."""
+    pools = ps_thread_pools()
+    setting = os.environ.get(ENV_PS_THREADS, "auto") or "auto"
+    tasks = os.environ.get(ENV_TASKS_PER_HOST)
+    if pools is None:
+        _LOG.info("PS thread pools: TensorFlow's sizing (%s=%s)", ENV_PS_THREADS, setting)
+        return None
+    _LOG.info("PS thread pools: %d intra-op, %d inter-op (%s=%s%s)", pools.intra, pools.inter, ENV_PS_THREADS, setting,
+              f", {tasks} tasks on this host" if tasks else "")
+    return pools.config()

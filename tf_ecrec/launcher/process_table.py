@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from tf_ecrec.cluster.tf_config import ClusterConfig, with_tf_environment
+from tf_ecrec.cluster.threads import ENV_TASKS_PER_HOST
 from tf_ecrec.launcher.forkserver import ForkedProcess, ForkServer, start_process
 from tf_ecrec.launcher.job.model_dir import job_file, log_file
 from tf_ecrec.launcher.job.spec import ENV_SPARE_ADDRESS, JobSpec
@@ -162,6 +163,11 @@ class ProcessTable:
         yield from self.tasks.values()
         yield from self.spares
 
+    def tasks_on_host(self) -> int:
+        """The TensorFlow tasks this launcher runs now or will at the start: every task but the later workers' slots,
+        and the spares."""
+        return max(1, sum(t.state is not TaskState.LATER for t in self.tasks.values()) + self.job.spare_ps)
+
     def base_environment(self) -> dict[str, str]:
         """What every task's environment starts from (the fork server's too)."""
         env = with_tf_environment(os.environ)
@@ -176,6 +182,8 @@ class ProcessTable:
         env["TF_CONFIG"] = json.dumps(task.cluster.to_tf_config())  # the child's own, not this process's
         env.update(self.environment)
         env.update(task.env)
+        # The tasks and spares share this host's CPUs: a PS sizes its thread pools to its share (tf_ecrec.cluster.threads).
+        env.setdefault(ENV_TASKS_PER_HOST, str(self.tasks_on_host()))
         if task.spare_address is not None:
             env[ENV_SPARE_ADDRESS] = task.spare_address
         task.log = open(log_file(self.job.model_dir, task.name), "a", encoding="utf-8")

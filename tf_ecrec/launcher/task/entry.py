@@ -332,7 +332,7 @@ def serve_persisting(job: JobSpec, ps: int, server: Any) -> None:
 
 def stand_by(job: JobSpec, address: str, num_ps: int) -> None:
     """A spare PS: serve at `address`, wait until the cluster file gives it a PS's role, take it, serve on."""
-    server = own_server(address)
+    server = own_server(address, ps=True)
     path = os.environ.get(ENV_CLUSTER_FILE)
     if not path:
         raise ConfigError(f"a spare PS needs the cluster file to learn its role; {ENV_CLUSTER_FILE} is not set; "
