@@ -7,8 +7,9 @@ executors run kernels on) to the cores the process sees.  Two cases make that wr
   and two trainers on two cores made 7 x 4 pool threads, whose spinning and wake-ups were the
   largest single item of a PS's CPU in a profile of a launched job (2026-12-02: the Eigen pool's
   `WorkerLoop` and run queue, the kernel's task switches and futex wake-ups).  Measured with
-  one intra-op and one or two inter-op threads per PS: PS CPU per 1,000 samples 13-17 % lower,
-  for the unprotected job and the protected one alike (docs/benchmarks.md).
+  one intra-op and one or two inter-op threads per PS, in three runs: the protected job's PS CPU
+  per 1,000 samples 2-17 % lower, the unprotected job's 11-16 % lower in two and 8 % higher in
+  one (docs/benchmarks.md, "PS thread pools sized to their share").
 - **a CPU limit.** A container limited to 2 CPUs on a 64-core node sees 64 cores, and a PS there
   starts 128 threads for 2 CPUs of quota.
 
