@@ -58,13 +58,11 @@ def test_pools_follow_the_setting_the_share_and_the_quota(env, cpus, want) -> No
 
 
 def test_the_launcher_counts_the_tasks_sharing_its_host() -> None:
-    table = ProcessTable(JobSpec(workers=2, min_workers=2, max_workers=4, spare_ps=1))
-    for ps in range(3):
-        table.add(ClusterConfig({"ps": ("a:1", "a:2", "a:3"), "chief": ("a:4",), "worker": ("a:5", "a:6", "a:7")}, "ps", ps))
-    for kind, index in (("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)):
-        table.add(ClusterConfig({"ps": ("a:1", "a:2", "a:3"), "chief": ("a:4",), "worker": ("a:5", "a:6", "a:7")}, kind,
-                                index))
+    # Counted from the job, not from the tasks added so far: the first PS is launched before the trainers are added.
+    table = ProcessTable(JobSpec(ps=3, workers=2, min_workers=2, max_workers=4, spare_ps=1))
     assert table.tasks_on_host() == 3 + 2 + 1  # the PS, the chief and one worker, the spare; not the later slots
+    table.add(ClusterConfig({"ps": ("a:1", "a:2", "a:3")}, "ps", 0))
+    assert table.tasks_on_host() == 6
 
 
 @pytest.mark.parametrize("env, named", [

@@ -164,9 +164,9 @@ class ProcessTable:
         yield from self.spares
 
     def tasks_on_host(self) -> int:
-        """The TensorFlow tasks this launcher runs now or will at the start: every task but the later workers' slots,
-        and the spares."""
-        return max(1, sum(t.state is not TaskState.LATER for t in self.tasks.values()) + self.job.spare_ps)
+        """The TensorFlow tasks this launcher starts with, from the job (tasks are launched while others are still
+        being added): its PS, its first trainers and its spares."""
+        return self.job.ps + self.job.workers + self.job.spare_ps
 
     def base_environment(self) -> dict[str, str]:
         """What every task's environment starts from (the fork server's too)."""
