@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import time
 
@@ -31,21 +30,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf
 
 from tf_ecrec.cluster.threads import ENV_PS_THREADS, ENV_TASKS_PER_HOST, ps_thread_pools
+from tf_ecrec.launcher.ports import pick_ports
 
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _graph(num_ps: int) -> tuple[tf.Graph, dict[str, object], object]:
@@ -87,7 +77,7 @@ def main() -> None:
                         help="every server's thread pools (TF_ECREC_PS_THREADS's forms; default: TensorFlow's sizing)")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
-    ports = _ports(args.ps + 1)
+    ports = pick_ports(args.ps + 1)
     spec = tf.train.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:-1]], "worker": [f"127.0.0.1:{ports[-1]}"]})
     pools = ps_thread_pools({ENV_PS_THREADS: args.pools, ENV_TASKS_PER_HOST: str(args.ps + 1)})
     config = pools.config() if pools else None
